@@ -1,0 +1,43 @@
+"""The bert_jax driver: `python -m bert_jax.main --config=configs/pretrain.py:size=tiny --workdir=DIR`.
+
+The same command runs on a laptop CPU, a GPU cluster (one process per host or per GPU) and every host of a Cloud
+TPU pod slice; see launch/ for the per-platform wrappers.
+"""
+
+from absl import app
+from absl import flags
+from absl import logging
+from ml_collections import config_flags
+
+import bert_jax  # noqa: F401  (sets XLA flags before JAX starts)
+from bert_jax import sharding
+from bert_jax import train
+
+FLAGS = flags.FLAGS
+config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/pretrain.py:size=base.",
+                                lock_config=True)
+flags.DEFINE_string("workdir", None, "Directory for TensorBoard events, metrics.jsonl and checkpoints.")
+flags.DEFINE_enum("mode", "train", ["train"], "What to run.")
+flags.DEFINE_string("coordinator_address", "", "host:port of process 0, for multi-process runs outside TPU pods "
+                    "and SLURM (which are detected automatically).")
+flags.DEFINE_integer("num_processes", 0, "Number of processes, with --coordinator_address.")
+flags.DEFINE_integer("process_id", -1, "This process's index, with --coordinator_address.")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    sharding.initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
+    logging.info("config:\n%s", FLAGS.config)
+    final = train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+    logging.info("done: %s", {k: round(v, 4) for k, v in final.items()})
+
+
+def run():
+    """Console-script entry point (`bert-jax`)."""
+    app.run(main)
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,66 @@
+"""Optimizers and learning-rate schedules (optax): AdamW or LAMB, warmup then linear/polynomial decay, clipping.
+
+Gradient accumulation over micro-batches happens inside the train step (bert_jax.train), so that one optimizer
+step sees the gradient of the whole batch while only one micro-batch's activations are alive at a time.
+"""
+
+import jax
+import optax
+
+OPTIMIZERS = ("adamw", "lamb")
+DECAYS = ("linear", "polynomial")
+
+
+def validate(optim_config, num_steps: int) -> None:
+    """Checks `config.optim` once at start-up; errors name the field."""
+    def fail(field, problem):
+        raise ValueError(f"--config.optim.{field}={optim_config[field]!r}: {problem}")
+
+    if optim_config.optimizer not in OPTIMIZERS:
+        fail("optimizer", f"choose one of {OPTIMIZERS}")
+    if optim_config.decay not in DECAYS:
+        fail("decay", f"choose one of {DECAYS}")
+    if optim_config.learning_rate <= 0:
+        fail("learning_rate", "must be positive")
+    if not 0 <= optim_config.warmup_steps <= num_steps:
+        fail("warmup_steps", f"must be between 0 and train.num_steps={num_steps}")
+    if optim_config.max_grad_norm < 0:
+        fail("max_grad_norm", "must be >= 0 (0 disables clipping)")
+    if optim_config.grad_accum_steps < 1:
+        fail("grad_accum_steps", "must be >= 1")
+
+
+def learning_rate_schedule(optim_config, num_steps: int) -> optax.Schedule:
+    """Linear warmup from 0 to the peak, then linear or polynomial decay to end_learning_rate at num_steps."""
+    warmup = int(optim_config.warmup_steps)
+    power = 1.0 if optim_config.decay == "linear" else float(optim_config.decay_power)
+    decay = optax.polynomial_schedule(init_value=optim_config.learning_rate,
+                                      end_value=optim_config.end_learning_rate, power=power,
+                                      transition_steps=max(num_steps - warmup, 1))
+    if warmup == 0:
+        return decay
+    return optax.join_schedules(
+        [optax.linear_schedule(0.0, optim_config.learning_rate, warmup), decay], boundaries=[warmup])
+
+
+def decay_mask(params):
+    """True for weights that take weight decay: matrices and embeddings, not LayerNorm parameters or biases.
+
+    Every rank-1 parameter in the model is a LayerNorm scale/offset or a bias, as in the original BERT's exclusion
+    of "LayerNorm" and "bias" variables.
+    """
+    return jax.tree.map(lambda p: p.ndim > 1, params)
+
+
+def create_optimizer(optim_config, num_steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    """The optimizer chain (clip by global norm, then AdamW or LAMB) and its schedule."""
+    schedule = learning_rate_schedule(optim_config, num_steps)
+    common = dict(learning_rate=schedule, b1=optim_config.b1, b2=optim_config.b2, eps=optim_config.eps,
+                  weight_decay=optim_config.weight_decay, mask=decay_mask)
+    if optim_config.optimizer == "adamw":
+        optimizer = optax.adamw(**common)
+    else:
+        optimizer = optax.lamb(**common)
+    if optim_config.max_grad_norm > 0:
+        optimizer = optax.chain(optax.clip_by_global_norm(optim_config.max_grad_norm), optimizer)
+    return optimizer, schedule

@@ -1,0 +1,142 @@
+"""Device mesh, logical-to-mesh sharding rules, state and batch shardings, and multi-process start-up.
+
+The mesh has three axes: `data` (pure data parallelism), `fsdp` (data parallelism with parameters and optimizer
+state sharded) and `tensor` (heads, MLP and vocab split, Megatron style). Parameters name their dimensions
+logically (see bert_jax.model); `config.mesh.rules` maps those names onto mesh axes.
+"""
+
+import math
+import os
+from typing import Any, Sequence
+
+from absl import logging
+import flax.linen as nn
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+MESH_AXES = ("data", "fsdp", "tensor")
+
+
+def initialize_distributed(coordinator_address: str = "", num_processes: int = 0, process_id: int = -1) -> None:
+    """Starts jax.distributed when the run spans several processes; a no-op for a single process.
+
+    Explicit flags win. Otherwise JAX's own cluster detection is used where a multi-process cluster is visible:
+    Cloud TPU pod slices (several TPU worker hostnames), SLURM jobs with more than one task, and Open MPI /
+    torchrun-style launches. A single-host TPU VM, a laptop or a one-task SLURM job starts no coordinator.
+    """
+    if coordinator_address or num_processes > 1:
+        if not (coordinator_address and num_processes > 0 and process_id >= 0):
+            raise ValueError("--coordinator_address, --num_processes and --process_id must be given together "
+                             f"(got {coordinator_address!r}, {num_processes}, {process_id})")
+        jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes,
+                                   process_id=process_id)
+        return
+    tpu_hosts = [h for h in os.environ.get("TPU_WORKER_HOSTNAMES", "").split(",") if h]
+    slurm_tasks = int(os.environ.get("SLURM_NTASKS", "1") or 1)
+    mpi_tasks = int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1") or 1)
+    if len(tpu_hosts) > 1 or slurm_tasks > 1 or mpi_tasks > 1:
+        jax.distributed.initialize()
+
+
+def mesh_shape(mesh_config, num_devices: int) -> tuple[int, int, int]:
+    """Resolves the (data, fsdp, tensor) sizes, filling one -1 with the devices left over; errors name the field."""
+    sizes = [int(mesh_config[axis]) for axis in MESH_AXES]
+    fill = [axis for axis, size in zip(MESH_AXES, sizes) if size == -1]
+    if len(fill) > 1:
+        raise ValueError(f"--config.mesh: only one axis may be -1, got {dict(zip(MESH_AXES, sizes))}")
+    for axis, size in zip(MESH_AXES, sizes):
+        if size == 0 or size < -1:
+            raise ValueError(f"--config.mesh.{axis}={size}: must be a positive size or -1")
+    known = math.prod(size for size in sizes if size != -1)
+    if fill:
+        if num_devices % known:
+            raise ValueError(f"--config.mesh: the fixed axes multiply to {known}, which does not divide the "
+                             f"{num_devices} devices, so mesh.{fill[0]}=-1 cannot be filled")
+        sizes[MESH_AXES.index(fill[0])] = num_devices // known
+    if math.prod(sizes) != num_devices:
+        raise ValueError(f"--config.mesh: data*fsdp*tensor = {'*'.join(map(str, sizes))} = {math.prod(sizes)} "
+                         f"but there are {num_devices} devices; make the product equal the device count "
+                         "(or set one axis to -1)")
+    return tuple(sizes)
+
+
+def create_mesh(mesh_config, devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """A (data, fsdp, tensor) mesh over `devices` (default: all devices of all processes)."""
+    devices = list(jax.devices() if devices is None else devices)
+    shape = mesh_shape(mesh_config, len(devices))
+    axis_types = (jax.sharding.AxisType.Auto,) * len(MESH_AXES)
+    return jax.make_mesh(shape, MESH_AXES, axis_types=axis_types, devices=devices)
+
+
+def logical_rules(mesh_config) -> tuple[tuple[str, Any], ...]:
+    """The logical-axis -> mesh-axes rules from the config, as the tuple flax expects."""
+    rules = []
+    for logical, mesh_axes in mesh_config.rules:
+        if isinstance(mesh_axes, list):
+            mesh_axes = tuple(mesh_axes)
+        rules.append((logical, mesh_axes))
+    return tuple(rules)
+
+
+def _axes_size(mesh: Mesh, axes) -> int:
+    if axes is None:
+        return 1
+    if isinstance(axes, str):
+        axes = (axes,)
+    return math.prod(mesh.shape[axis] for axis in axes)
+
+
+def mesh_spec(logical_names, shape, mesh: Mesh, rules) -> PartitionSpec:
+    """Maps logical names to a PartitionSpec, leaving a dimension unsharded where the mesh does not divide it.
+
+    An uneven dimension (a vocab of 30522 over a tensor axis of 4, say) is replicated rather than refused, so any
+    vocab works on any mesh; padding the vocab to a multiple of 128 keeps it sharded.
+    """
+    spec = list(nn.logical_to_mesh_axes(logical_names, rules))
+    spec += [None] * (len(shape) - len(spec))
+    for dim, axes in enumerate(spec):
+        if axes is not None and shape[dim] % _axes_size(mesh, axes):
+            logging.log_first_n(logging.INFO, "dimension %d of size %d (%s) is not divisible by mesh axes %s; "
+                                "replicating it", 20, dim, shape[dim], logical_names, axes)
+            spec[dim] = None
+    return PartitionSpec(*spec)
+
+
+def _is_box(x) -> bool:
+    return isinstance(x, nn.LogicallyPartitioned)
+
+
+def tree_shardings(abstract_boxed_tree, mesh: Mesh, rules):
+    """NamedShardings for a tree whose leaves may be `nn.LogicallyPartitioned` boxes (e.g. from jax.eval_shape).
+
+    The result has the structure of the unboxed tree: boxed leaves get their logical sharding, plain leaves (step
+    counters, optimizer counts) are replicated.
+    """
+    def leaf_sharding(leaf):
+        if _is_box(leaf):
+            return NamedSharding(mesh, mesh_spec(leaf.names, leaf.value.shape, mesh, rules))
+        return NamedSharding(mesh, PartitionSpec())
+    return jax.tree.map(leaf_sharding, abstract_boxed_tree, is_leaf=_is_box)
+
+
+def unbox(tree):
+    """Strips the logical-partitioning boxes, leaving plain arrays."""
+    return nn.meta.unbox(tree)
+
+
+def batch_sharding(mesh: Mesh, rules) -> NamedSharding:
+    """Sharding of a [batch, ...] input array: the batch dimension over the mesh axes the `batch` rule names."""
+    return NamedSharding(mesh, mesh_spec(("batch",), (data_parallel_size(mesh, rules),), mesh, rules))
+
+
+def data_parallel_size(mesh: Mesh, rules) -> int:
+    """How many ways the batch dimension is split."""
+    axes = dict(rules).get("batch")
+    return _axes_size(mesh, axes)
+
+
+def make_global_batch(local_batch: dict[str, np.ndarray], sharding: NamedSharding) -> dict[str, jax.Array]:
+    """Turns this process's slice of the batch into one global jax.Array per feature, sharded over the batch axes."""
+    return {name: jax.make_array_from_process_local_data(sharding, np.asarray(value))
+            for name, value in local_batch.items()}

@@ -1,0 +1,374 @@
+"""Train state, the pure train/eval steps, and the training loop.
+
+`train_step(state, batch, rng) -> (state, metrics)` and `eval_step(params, batch) -> sums` are pure functions; the
+loop jits them with explicit in/out shardings over the mesh and donates the state, so parameters and optimizer
+state are created, updated and kept sharded and no device ever holds more than its part.
+"""
+
+import functools
+import json
+import math
+import os
+import time
+from typing import Any, Iterator
+
+from absl import logging
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import NamedSharding, PartitionSpec
+
+from bert_jax import input_pipeline
+from bert_jax import model as model_lib
+from bert_jax import optim
+from bert_jax import sharding as sharding_lib
+
+# Dense bf16 peak FLOP/s per chip, for the MFU estimate; matched against jax.Device.device_kind.
+PEAK_FLOPS_BY_DEVICE_KIND = (
+    ("TPU v6", 918e12), ("TPU v5p", 459e12), ("TPU v5 lite", 197e12), ("TPU v5e", 197e12), ("TPU v5", 459e12),
+    ("TPU v4", 275e12), ("TPU v3", 123e12), ("H200", 989e12), ("H100", 989e12), ("A100", 312e12),
+)
+
+
+@flax.struct.dataclass
+class TrainState:
+    step: jax.Array
+    params: Any
+    opt_state: Any
+
+
+class NonFiniteLossError(RuntimeError):
+    """Raised when a training step produced a NaN or infinite loss."""
+
+
+def validate_config(config, num_devices: int, process_count: int = 1) -> None:
+    """Checks the whole config once, at start-up, with errors that name the field and the fix."""
+    model_config = model_lib.BertConfig.from_config(config.model)
+    optim.validate(config.optim, config.train.num_steps)
+    mesh_shape = sharding_lib.mesh_shape(config.mesh, num_devices)
+    rules = dict(sharding_lib.logical_rules(config.mesh))
+    if "batch" not in rules:
+        raise ValueError("--config.mesh.rules has no rule for the logical axis 'batch'")
+    batch_axes = rules["batch"] or ()
+    batch_axes = (batch_axes,) if isinstance(batch_axes, str) else tuple(batch_axes)
+    data_parallel = math.prod(mesh_shape[sharding_lib.MESH_AXES.index(axis)] for axis in batch_axes)
+    train = config.train
+    if train.num_steps <= 0:
+        raise ValueError(f"--config.train.num_steps={train.num_steps}: must be positive")
+    if train.log_every <= 0:
+        raise ValueError(f"--config.train.log_every={train.log_every}: must be positive")
+    if train.batch_size <= 0 or train.batch_size % data_parallel:
+        raise ValueError(f"--config.train.batch_size={train.batch_size} must be a positive multiple of the "
+                         f"{data_parallel} data-parallel devices (mesh axes {batch_axes} of mesh "
+                         f"{dict(zip(sharding_lib.MESH_AXES, mesh_shape))})")
+    if train.batch_size % process_count:
+        raise ValueError(f"--config.train.batch_size={train.batch_size} must be divisible by the "
+                         f"{process_count} processes")
+    per_replica = train.batch_size // data_parallel
+    if per_replica % config.optim.grad_accum_steps:
+        raise ValueError(f"--config.optim.grad_accum_steps={config.optim.grad_accum_steps} must divide the "
+                         f"per-device batch train.batch_size/{data_parallel} = {per_replica}")
+    data = config.data
+    if data.max_seq_length > model_config.max_position_embeddings:
+        raise ValueError(f"--config.data.max_seq_length={data.max_seq_length} exceeds "
+                         f"model.max_position_embeddings={model_config.max_position_embeddings}")
+    if not 0 < data.max_predictions_per_seq <= data.max_seq_length:
+        raise ValueError(f"--config.data.max_predictions_per_seq={data.max_predictions_per_seq} must be in "
+                         f"[1, data.max_seq_length={data.max_seq_length}]")
+    if data.source not in ("synthetic", "tfrecord"):
+        raise ValueError(f"--config.data.source={data.source!r}: choose 'synthetic' or 'tfrecord'")
+    if data.source == "tfrecord" and not data.input_files:
+        raise ValueError("--config.data.source=tfrecord needs --config.data.input_files=GLOB[,GLOB...]")
+
+
+def pretraining_loss(outputs, batch, mlm_denominator, nsp_denominator):
+    """MLM and NSP losses and accuracies as in the original BERT, over the given normalisers.
+
+    MLM loss = sum(weights * cross-entropy) / (sum(weights) + 1e-5) and NSP loss = mean cross-entropy. The
+    denominators are passed in so that micro-batches of one batch, normalised by the whole batch, sum to exactly
+    the whole batch's loss (and gradient).
+    """
+    weights = batch["masked_lm_weights"].astype(jnp.float32)
+    mlm_logits, nsp_logits = outputs["mlm_logits"], outputs["nsp_logits"]
+    mlm_xent = optax.softmax_cross_entropy_with_integer_labels(mlm_logits, batch["masked_lm_ids"])
+    mlm_loss = jnp.sum(weights * mlm_xent) / mlm_denominator
+    mlm_correct = jnp.sum(weights * (jnp.argmax(mlm_logits, -1) == batch["masked_lm_ids"]))
+    labels = batch["next_sentence_labels"].reshape(-1)
+    nsp_loss = jnp.sum(optax.softmax_cross_entropy_with_integer_labels(nsp_logits, labels)) / nsp_denominator
+    nsp_correct = jnp.sum(jnp.argmax(nsp_logits, -1) == labels)
+    metrics = {"loss": mlm_loss + nsp_loss, "mlm_loss": mlm_loss, "nsp_loss": nsp_loss,
+               "mlm_accuracy": mlm_correct / mlm_denominator, "nsp_accuracy": nsp_correct / nsp_denominator}
+    return mlm_loss + nsp_loss, metrics
+
+
+def _model_inputs(batch):
+    return (batch["input_ids"], batch["input_mask"], batch["segment_ids"], batch["masked_lm_positions"])
+
+
+def make_grad_fn(model: nn.Module, rules):
+    """`grad_fn(params, batch, dropout_rng, mlm_denominator, nsp_denominator) -> ((loss, metrics), grads)`."""
+    def loss_fn(params, batch, dropout_rng, mlm_denominator, nsp_denominator):
+        with nn.logical_axis_rules(rules):
+            outputs = model.apply({"params": params}, *_model_inputs(batch), deterministic=False,
+                                  rngs={"dropout": dropout_rng})
+        return pretraining_loss(outputs, batch, mlm_denominator, nsp_denominator)
+
+    return jax.value_and_grad(loss_fn, has_aux=True)
+
+
+def batch_denominators(batch):
+    """The whole batch's MLM and NSP normalisers (see pretraining_loss)."""
+    return (jnp.sum(batch["masked_lm_weights"].astype(jnp.float32)) + 1e-5,
+            jnp.asarray(batch["input_ids"].shape[0], jnp.float32))
+
+
+def make_train_step(model: nn.Module, tx: optax.GradientTransformation, schedule, rules, mesh,
+                    grad_accum_steps: int = 1):
+    """Returns the pure `train_step(state, batch, rng) -> (state, metrics)`.
+
+    Dropout randomness is `fold_in(rng, step)`, so a step's masks depend only on the run's seed and the step number.
+    With grad_accum_steps = k the batch is split into k strided micro-batches (each keeps every device's share of
+    rows) whose gradients are summed in a scan; the result equals the whole batch's gradient.
+    """
+    batch_axes = sharding_lib.mesh_spec(("batch",), (sharding_lib.data_parallel_size(mesh, rules),), mesh, rules)[0]
+    grad_fn = make_grad_fn(model, rules)
+
+    def train_step(state: TrainState, batch, rng):
+        dropout_rng = jax.random.fold_in(rng, state.step)
+        mlm_denominator, nsp_denominator = batch_denominators(batch)
+        if grad_accum_steps == 1:
+            (_, metrics), grads = grad_fn(state.params, batch, dropout_rng, mlm_denominator, nsp_denominator)
+        else:
+            def split(x):
+                x = x.reshape(x.shape[0] // grad_accum_steps, grad_accum_steps, *x.shape[1:]).swapaxes(0, 1)
+                return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, PartitionSpec(None, batch_axes)))
+
+            def accumulate(carry, micro):
+                index, micro_batch = micro
+                (_, metrics), grads = grad_fn(state.params, micro_batch, jax.random.fold_in(dropout_rng, index),
+                                              mlm_denominator, nsp_denominator)
+                return jax.tree.map(jnp.add, carry, (grads, metrics)), None
+
+            zeros = jax.tree.map(jnp.zeros_like, state.params)
+            zero_metrics = dict.fromkeys(("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy"),
+                                         jnp.zeros((), jnp.float32))
+            micro_batches = (jnp.arange(grad_accum_steps), jax.tree.map(split, batch))
+            (grads, metrics), _ = jax.lax.scan(accumulate, (zeros, zero_metrics), micro_batches)
+        updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        metrics = dict(metrics, grad_norm=optax.global_norm(grads), learning_rate=schedule(state.step))
+        return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+    return train_step
+
+
+def make_eval_step(model: nn.Module, rules):
+    """Returns `eval_step(params, batch) -> sums` (no dropout); sums add up across batches."""
+    def eval_step(params, batch):
+        with nn.logical_axis_rules(rules):
+            outputs = model.apply({"params": params}, *_model_inputs(batch), deterministic=True)
+        weights = batch["masked_lm_weights"].astype(jnp.float32)
+        mlm_xent = optax.softmax_cross_entropy_with_integer_labels(outputs["mlm_logits"], batch["masked_lm_ids"])
+        labels = batch["next_sentence_labels"].reshape(-1)
+        nsp_xent = optax.softmax_cross_entropy_with_integer_labels(outputs["nsp_logits"], labels)
+        return {
+            "mlm_loss_sum": jnp.sum(weights * mlm_xent),
+            "mlm_correct": jnp.sum(weights * (jnp.argmax(outputs["mlm_logits"], -1) == batch["masked_lm_ids"])),
+            "mlm_weight": jnp.sum(weights),
+            "nsp_loss_sum": jnp.sum(nsp_xent),
+            "nsp_correct": jnp.sum(jnp.argmax(outputs["nsp_logits"], -1) == labels).astype(jnp.float32),
+            "nsp_count": jnp.asarray(labels.shape[0], jnp.float32),
+        }
+    return eval_step
+
+
+def summarize_eval(sums: dict[str, float]) -> dict[str, float]:
+    mlm_loss = sums["mlm_loss_sum"] / max(sums["mlm_weight"], 1e-5)
+    return {"eval_mlm_loss": mlm_loss, "eval_mlm_accuracy": sums["mlm_correct"] / max(sums["mlm_weight"], 1e-5),
+            "eval_mlm_perplexity": math.exp(min(mlm_loss, 80.0)),
+            "eval_nsp_loss": sums["nsp_loss_sum"] / sums["nsp_count"],
+            "eval_nsp_accuracy": sums["nsp_correct"] / sums["nsp_count"]}
+
+
+def dummy_batch(batch_size: int, seq_length: int, max_predictions: int) -> dict[str, np.ndarray]:
+    """An all-zeros batch of the right shapes and dtypes, for initialisation and shape inference."""
+    return {
+        "input_ids": np.zeros((batch_size, seq_length), np.int32),
+        "input_mask": np.ones((batch_size, seq_length), np.int32),
+        "segment_ids": np.zeros((batch_size, seq_length), np.int32),
+        "masked_lm_positions": np.zeros((batch_size, max_predictions), np.int32),
+        "masked_lm_ids": np.zeros((batch_size, max_predictions), np.int32),
+        "masked_lm_weights": np.zeros((batch_size, max_predictions), np.float32),
+        "next_sentence_labels": np.zeros((batch_size,), np.int32),
+    }
+
+
+def create_train_state(model: nn.Module, tx: optax.GradientTransformation, mesh, rules, rng,
+                       seq_length: int, max_predictions: int):
+    """Creates the train state already sharded: `jax.jit(init, out_shardings=...)`, so no device holds a full copy.
+
+    Returns (state, state_shardings).
+    """
+    inputs = _model_inputs(dummy_batch(1, seq_length, max_predictions))
+
+    def init_boxed(rng):
+        with nn.logical_axis_rules(rules):
+            params = model.init({"params": rng}, *inputs, deterministic=True)["params"]
+        # The optimizer state is built from the boxed params, so its moments inherit the parameters' axis names.
+        return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+
+    abstract = jax.eval_shape(init_boxed, rng)
+    shardings = sharding_lib.tree_shardings(abstract, mesh, rules)
+    init = jax.jit(lambda rng: sharding_lib.unbox(init_boxed(rng)), out_shardings=shardings)
+    return init(rng), shardings
+
+
+def peak_flops_per_device(device: jax.Device, override: float = 0.0) -> float:
+    """Peak FLOP/s of one device for the MFU estimate; 0 when unknown (CPUs, unlisted accelerators)."""
+    if override > 0:
+        return override
+    for kind, flops in PEAK_FLOPS_BY_DEVICE_KIND:
+        if kind.lower() in device.device_kind.lower():
+            return flops
+    return 0.0
+
+
+def _format_duration(seconds: float) -> str:
+    seconds = int(max(seconds, 0))
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+class _MetricWriter:
+    """Log lines, TensorBoard scalars and a metrics.jsonl in the workdir (process 0 only)."""
+
+    def __init__(self, workdir: str):
+        self.enabled = jax.process_index() == 0
+        if self.enabled:
+            from flax.metrics import tensorboard  # imported lazily: it pulls in TensorFlow's summary ops
+            os.makedirs(workdir, exist_ok=True)
+            self._summary = tensorboard.SummaryWriter(os.path.join(workdir, "tensorboard"))
+            self._jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a")
+
+    def write(self, step: int, scalars: dict[str, float]) -> None:
+        if not self.enabled:
+            return
+        for name, value in scalars.items():
+            self._summary.scalar(name, value, step)
+        self._summary.flush()
+        self._jsonl.write(json.dumps({"step": step, **{k: float(v) for k, v in scalars.items()}}) + "\n")
+        self._jsonl.flush()
+
+    def close(self):
+        if self.enabled:
+            self._summary.close()
+            self._jsonl.close()
+
+
+def evaluate(eval_step, params, batches: Iterator, batch_sharding, num_batches: int) -> dict[str, float]:
+    totals = None
+    for _ in range(num_batches):
+        try:
+            local = next(batches)
+        except StopIteration:
+            break
+        sums = eval_step(params, sharding_lib.make_global_batch(local, batch_sharding))
+        totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
+    if totals is None:
+        raise ValueError("evaluation read no batch: --config.data.eval_input_files holds fewer records than one "
+                         "global batch (train.batch_size)")
+    return summarize_eval({k: float(v) for k, v in jax.device_get(totals).items()})
+
+
+def train_and_evaluate(config, workdir: str) -> dict[str, float]:
+    """Runs the whole pretraining job described by `config`; returns the last logged metrics."""
+    validate_config(config, jax.device_count(), jax.process_count())
+    model_config = model_lib.BertConfig.from_config(config.model)
+    model = model_lib.BertForPreTraining(model_config)
+    mesh = sharding_lib.create_mesh(config.mesh)
+    rules = sharding_lib.logical_rules(config.mesh)
+    tx, schedule = optim.create_optimizer(config.optim, config.train.num_steps)
+    data, train = config.data, config.train
+    local_batch_size = train.batch_size // jax.process_count()
+    logging.info("mesh %s over %d devices (%s), %d processes", dict(mesh.shape), jax.device_count(),
+                 jax.devices()[0].device_kind, jax.process_count())
+
+    make_iterator = functools.partial(input_pipeline.make_iterator, data, batch_size=local_batch_size,
+                                      vocab_size=model_config.vocab_size, process_index=jax.process_index(),
+                                      process_count=jax.process_count())
+    train_batches = make_iterator(split="train", seed=train.seed)
+    writer = _MetricWriter(workdir)
+    flops_per_step = model_lib.model_flops_per_sequence(
+        model_config, data.max_seq_length, data.max_predictions_per_seq) * train.batch_size
+    peak = peak_flops_per_device(jax.devices()[0], train.peak_flops_per_device) * jax.device_count()
+
+    with jax.set_mesh(mesh):
+        init_rng, step_rng = jax.random.split(jax.random.key(train.seed))
+        state, state_shardings = create_train_state(model, tx, mesh, rules, init_rng, data.max_seq_length,
+                                                    data.max_predictions_per_seq)
+        num_params = sum(x.size for x in jax.tree.leaves(state.params))
+        logging.info("model: %s, %s parameters", model_config, f"{num_params:,}")
+        batch_sharding = sharding_lib.batch_sharding(mesh, rules)
+        replicated = NamedSharding(mesh, PartitionSpec())
+        train_step = jax.jit(make_train_step(model, tx, schedule, rules, mesh, config.optim.grad_accum_steps),
+                             in_shardings=(state_shardings, batch_sharding, replicated),
+                             out_shardings=(state_shardings, replicated), donate_argnums=0)
+        eval_step = jax.jit(make_eval_step(model, rules), in_shardings=(state_shardings.params, batch_sharding),
+                            out_shardings=replicated)
+
+        window: list[dict[str, float]] = []
+        last_logged: dict[str, float] = {}
+        window_start = None
+        pending = None  # (step, device metrics) of the step before the one in flight
+
+        def consume(step, device_metrics):
+            host = {k: float(v) for k, v in jax.device_get(device_metrics).items()}
+            if not math.isfinite(host["loss"]):
+                raise NonFiniteLossError(f"non-finite loss {host['loss']} at step {step}; stopping without "
+                                         "saving this state (lower optim.learning_rate or check the data)")
+            window.append(host)
+
+        first_step = int(state.step)
+        for step in range(first_step + 1, train.num_steps + 1):
+            batch = sharding_lib.make_global_batch(next(train_batches), batch_sharding)
+            state, metrics = train_step(state, batch, step_rng)
+            # Reading the previous step's metrics keeps one step in flight while still naming a bad step exactly.
+            if pending is not None:
+                consume(*pending)
+            pending = (step, metrics)
+            if step == first_step + 1:
+                consume(*pending)  # the first step includes compilation; time from its end
+                pending, window, window_start = None, [], time.perf_counter()
+                continue
+            if step % train.log_every == 0 or step == train.num_steps:
+                consume(*pending)
+                pending = None
+                elapsed = time.perf_counter() - window_start
+                steps_per_second = len(window) / elapsed
+                scalars = {k: float(np.mean([m[k] for m in window])) for k in window[0]}
+                scalars["sequences_per_second"] = steps_per_second * train.batch_size
+                scalars["tokens_per_second"] = scalars["sequences_per_second"] * data.max_seq_length
+                if peak:
+                    scalars["mfu"] = flops_per_step * steps_per_second / peak
+                if data.eval_input_files and (step % train.eval_every == 0 or step == train.num_steps):
+                    eval_batches = make_iterator(split="eval", seed=train.seed)
+                    scalars.update(evaluate(eval_step, state.params, eval_batches, batch_sharding,
+                                            train.eval_steps))
+                eta = (train.num_steps - step) / steps_per_second
+                mfu = f"{scalars['mfu']:.1%}" if "mfu" in scalars else "n/a"
+                logging.info("step %d/%d | loss %.4f mlm %.4f nsp %.4f | mlm_acc %.4f nsp_acc %.4f | "
+                             "grad_norm %.3f lr %.3g | %.1f seq/s %.0f tok/s | MFU %s | ETA %s%s",
+                             step, train.num_steps, scalars["loss"], scalars["mlm_loss"], scalars["nsp_loss"],
+                             scalars["mlm_accuracy"], scalars["nsp_accuracy"], scalars["grad_norm"],
+                             scalars["learning_rate"], scalars["sequences_per_second"],
+                             scalars["tokens_per_second"], mfu, _format_duration(eta),
+                             "".join(f" | {k} {v:.4f}" for k, v in scalars.items() if k.startswith("eval_")))
+                writer.write(step, scalars)
+                last_logged = dict(scalars, step=step)
+                window, window_start = [], time.perf_counter()
+        if pending is not None:
+            consume(*pending)
+    writer.close()
+    return last_logged

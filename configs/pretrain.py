@@ -1,0 +1,118 @@
+"""BERT pretraining recipe.
+
+Pick a preset with `--config=configs/pretrain.py:size=base` (tiny, mini, small, medium, base, large) and override any
+field with `--config.optim.learning_rate=1e-4`. Several options may be combined: `:size=tiny,data=synthetic`.
+The config is locked, so a misspelt override is an error rather than a silently ignored flag.
+"""
+
+import ml_collections
+
+# (layers, hidden, heads) of each preset; the intermediate size is always 4 * hidden, as in BERT.
+MODEL_PRESETS = {
+    "tiny": (2, 128, 2),
+    "mini": (4, 256, 4),
+    "small": (4, 512, 8),
+    "medium": (8, 512, 8),
+    "base": (12, 768, 12),
+    "large": (24, 1024, 16),
+}
+
+
+def _parse_arg(arg):
+    options = {"size": "tiny", "data": "synthetic"}
+    for item in filter(None, (arg or "").split(",")):
+        key, sep, value = item.partition("=")
+        if not sep:  # a bare word is the size, as in `configs/pretrain.py:base`
+            key, value = "size", key
+        if key not in options:
+            raise ValueError(f"configs/pretrain.py: unknown option {key!r} in {arg!r}; known: {sorted(options)}")
+        options[key] = value
+    if options["size"] not in MODEL_PRESETS:
+        raise ValueError(f"configs/pretrain.py: unknown size {options['size']!r}; choose one of {list(MODEL_PRESETS)}")
+    if options["data"] not in ("synthetic", "tfrecord"):
+        raise ValueError(f"configs/pretrain.py: unknown data {options['data']!r}; choose synthetic or tfrecord")
+    return options
+
+
+def get_config(arg=None):
+    options = _parse_arg(arg)
+    layers, hidden, heads = MODEL_PRESETS[options["size"]]
+    config = ml_collections.ConfigDict()
+
+    config.model = model = ml_collections.ConfigDict()
+    model.vocab_size = 30522  # word-embedding rows; must exceed every token id in the data
+    model.hidden_size = hidden  # width of the residual stream
+    model.num_layers = layers  # number of encoder layers
+    model.num_heads = heads  # attention heads; must divide hidden_size
+    model.intermediate_size = 4 * hidden  # feed-forward width
+    model.hidden_act = "gelu_tanh"  # "gelu_tanh" (the original BERT code) or "gelu" (exact erf form)
+    model.max_position_embeddings = 512  # learned position table size; must be >= data.max_seq_length
+    model.type_vocab_size = 2  # segment (token type) ids
+    model.dropout_rate = 0.1  # hidden-state dropout
+    model.attention_dropout_rate = 0.1  # dropout on attention probabilities
+    model.initializer_range = 0.02  # stddev of the truncated-normal initialiser
+    model.layer_norm_eps = 1e-12  # as in the original BERT
+    model.dtype = "float32"  # compute dtype: "float32" or "bfloat16" (parameters always stay float32)
+
+    config.mesh = mesh = ml_collections.ConfigDict()
+    mesh.data = -1  # data-parallel axis size; -1 fills the devices left over by the other axes
+    mesh.fsdp = 1  # fully-sharded data-parallel axis size (parameters and optimizer state sharded over it)
+    mesh.tensor = 1  # tensor-parallel axis size (heads, mlp and vocab split over it)
+    # Logical axis -> mesh axes. The batch goes over ('fsdp', 'data') in that order: XLA:CPU computed wrong gradients
+    # for ('data', 'fsdp') with FSDP + TP parameters (see tests/test_sharding.py, which guards this).
+    mesh.rules = (
+        ("batch", ("fsdp", "data")),
+        ("length", None),
+        ("act_embed", None),
+        ("act_heads", "tensor"),
+        ("act_mlp", "tensor"),
+        ("embed", "fsdp"),
+        ("heads", "tensor"),
+        ("mlp", "tensor"),
+        ("vocab", "tensor"),
+        ("position", None),
+        ("segment", None),
+        ("norm", None),
+        ("classes", None),
+    )
+
+    config.optim = optim = ml_collections.ConfigDict()
+    optim.optimizer = "adamw"  # "adamw" or "lamb"
+    optim.learning_rate = 1e-4  # peak learning rate, reached at the end of warmup
+    optim.warmup_steps = 10  # linear warmup from 0
+    optim.decay = "linear"  # "linear" or "polynomial" decay to end_learning_rate at train.num_steps
+    optim.decay_power = 1.0  # exponent of the polynomial decay
+    optim.end_learning_rate = 0.0  # learning rate at the last step
+    optim.weight_decay = 0.01  # decoupled weight decay; never applied to LayerNorm parameters or biases
+    optim.b1 = 0.9  # Adam/LAMB first-moment decay
+    optim.b2 = 0.999  # Adam/LAMB second-moment decay
+    optim.eps = 1e-6  # Adam/LAMB epsilon
+    optim.max_grad_norm = 1.0  # global-norm clipping; 0 disables it
+    optim.grad_accum_steps = 1  # micro-batches per optimizer step; must divide the per-device batch
+
+    config.data = data = ml_collections.ConfigDict()
+    data.source = options["data"]  # "synthetic" or "tfrecord"
+    data.input_files = ""  # comma-separated globs of training TFRecords (local or gs://), for source=tfrecord
+    data.eval_input_files = ""  # comma-separated globs of held-out TFRecords; empty means no evaluation
+    data.max_seq_length = 128  # input_ids length in the records
+    data.max_predictions_per_seq = 20  # masked_lm_positions length in the records
+    data.shuffle_buffer = 10000  # records held for shuffling
+    data.num_parallel_reads = 8  # files read at once
+
+    config.train = train = ml_collections.ConfigDict()
+    train.batch_size = 32  # global batch size in sequences, over all processes
+    train.num_steps = 200  # optimizer steps
+    train.log_every = 10  # steps between log lines and TensorBoard points
+    train.eval_every = 100  # steps between evaluations (when data.eval_input_files is set)
+    train.eval_steps = 10  # batches per evaluation
+    train.seed = 0  # seeds initialisation, dropout, shuffling and synthetic data
+    train.peak_flops_per_device = 0.0  # for MFU; 0 means look the device kind up (unknown kinds print no MFU)
+
+    if options["size"] in ("base", "large"):
+        train.batch_size = 256
+        optim.warmup_steps = 10000
+        train.num_steps = 1000000
+        train.log_every = 100
+        train.eval_every = 10000
+        train.eval_steps = 100
+    return config

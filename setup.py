@@ -1,0 +1,49 @@
+"""bert_jax: BERT pretraining in JAX/Flax on TPU, GPU and CPU device meshes."""
+
+import setuptools
+
+# Ranges are ones installed and tested together (Python 3.11, CPU).
+INSTALL_REQUIRES = [
+    "jax>=0.10.2,<0.11",
+    "jaxlib>=0.10.2,<0.11",
+    "flax>=0.12.8,<0.13",
+    "optax>=0.2.8,<0.3",
+    "orbax-checkpoint>=0.12.8,<0.13",
+    "tensorflow-cpu>=2.21,<2.22",
+    "tensorboard>=2.21,<2.22",
+    "tensorflow-datasets>=4.9.10,<4.10",
+    "importlib_resources>=6",  # imported by tensorflow-datasets 4.9.10 without declaring it
+    "sentencepiece>=0.2.0,<0.3",
+    "absl-py>=2.1,<3",
+    "ml-collections>=1.0,<2",
+    "numpy>=2.0,<3",
+]
+
+EXTRAS_REQUIRE = {
+    # Reference libraries for the parity tests. torch is pinned: 2.13.0 is the CPU wheel this project tests with.
+    "test": [
+        "pytest>=8,<10",
+        "pytest-xdist>=3.5,<4",
+        "torch==2.13.0",
+        "transformers>=5.0,<6",
+        "safetensors>=0.4,<1",
+        "tokenizers>=0.20,<1",
+    ],
+    # On Cloud TPU VMs: `pip install -e .[tpu]`. Never install it on a CPU-only machine you want to use the CPU of.
+    "tpu": ["jax[tpu]>=0.10.2,<0.11"],
+    # On NVIDIA GPU hosts.
+    "cuda": ["jax[cuda12]>=0.10.2,<0.11"],
+}
+
+setuptools.setup(
+    name="bert_jax",
+    version="0.1.0",
+    description="BERT pretraining in JAX/Flax, sharded over TPU, GPU and CPU device meshes",
+    long_description=open("README.md", encoding="utf-8").read() if __import__("os").path.exists("README.md") else "",
+    long_description_content_type="text/markdown",
+    packages=setuptools.find_packages(include=["bert_jax", "bert_jax.*", "configs"]),
+    python_requires=">=3.11",
+    install_requires=INSTALL_REQUIRES,
+    extras_require=EXTRAS_REQUIRE,
+    entry_points={"console_scripts": ["bert-jax=bert_jax.main:run"]},
+)

@@ -1,0 +1,167 @@
+"""The BERT model: parameter counts, padding invariance, tied decoder, activations, config validation."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bert_jax import model as model_lib
+from configs import pretrain
+
+
+def _preset(size):
+    return model_lib.BertConfig.from_config(pretrain.get_config(f"size={size}").model)
+
+
+def _abstract_params(config):
+    model = model_lib.BertForPreTraining(config)
+    ids = jnp.zeros((1, 8), jnp.int32)
+    return jax.eval_shape(lambda: model.init(jax.random.key(0), ids, ids, ids, jnp.zeros((1, 2), jnp.int32)))
+
+
+@pytest.mark.parametrize("size, expected", [("base", 110_106_428), ("large", 336_226_108)])
+def test_parameter_count_equals_huggingface_bert_for_pretraining(size, expected):
+    # The figures are those of transformers.BertForPreTraining with the same config (vocab 30522); eval_shape
+    # allocates nothing.
+    params = _abstract_params(_preset(size))
+    assert sum(leaf.size for leaf in jax.tree.leaves(params)) == expected
+
+
+def test_every_parameter_has_logical_axis_names():
+    params = _abstract_params(_preset("tiny"))["params"]
+    boxes = jax.tree.leaves(params, is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned))
+    assert boxes and all(isinstance(box, nn.LogicallyPartitioned) for box in boxes)
+    for box in boxes:
+        assert len(box.names) == box.value.ndim
+
+
+def _small_model(**overrides):
+    config = model_lib.BertConfig(vocab_size=97, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
+                                  max_position_embeddings=40, **overrides)
+    model = model_lib.BertForPreTraining(config)
+    rng = np.random.default_rng(0)
+    ids = rng.integers(1, 97, size=(3, 12)).astype(np.int32)
+    segments = np.concatenate([np.zeros((3, 6)), np.ones((3, 6))], axis=1).astype(np.int32)
+    positions = np.array([[1, 4, 7], [2, 3, 9], [5, 6, 8]], np.int32)
+    params = nn.meta.unbox(model.init(jax.random.key(1), ids, np.ones_like(ids), segments, positions))
+    return config, model, params, ids, segments, positions
+
+
+def test_padding_does_not_change_outputs_at_real_positions():
+    config, model, params, ids, segments, positions = _small_model()
+    lengths = np.array([12, 9, 5])
+    mask = (np.arange(12)[None, :] < lengths[:, None]).astype(np.int32)
+    ids = ids * mask
+    short = model.apply(params, ids, mask, segments, positions % 5, output_hidden_states=True)
+    # Append 20 more padding positions filled with junk ids: outputs at real positions must not move.
+    pad = 20
+    junk = np.full((3, pad), 42, np.int32)
+    long = model.apply(params, np.concatenate([ids, junk], 1), np.pad(mask, ((0, 0), (0, pad))),
+                       np.pad(segments, ((0, 0), (0, pad))), positions % 5, output_hidden_states=True)
+    for layer, (a, b) in enumerate(zip(short["hidden_states"], long["hidden_states"])):
+        for row, length in enumerate(lengths):
+            np.testing.assert_allclose(b[row, :length], a[row, :length], rtol=1e-5, atol=1e-5,
+                                       err_msg=f"hidden state {layer}, row {row}")
+    np.testing.assert_allclose(long["mlm_logits"], short["mlm_logits"], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(long["nsp_logits"], short["nsp_logits"], rtol=1e-5, atol=1e-5)
+
+
+def test_padding_mask_is_used():
+    # Changing a padded token's id must not matter; changing a real token must.
+    config, model, params, ids, segments, positions = _small_model()
+    mask = np.ones_like(ids)
+    mask[:, 10:] = 0
+    base = model.apply(params, ids, mask, segments, positions)["nsp_logits"]
+    padded_changed = ids.copy()
+    padded_changed[:, 11] = 3
+    real_changed = ids.copy()
+    real_changed[:, 2] = 3 if ids[0, 2] != 3 else 4
+    np.testing.assert_allclose(model.apply(params, padded_changed, mask, segments, positions)["nsp_logits"], base,
+                               rtol=1e-6, atol=1e-6)
+    assert not np.allclose(model.apply(params, real_changed, mask, segments, positions)["nsp_logits"], base)
+
+
+def test_mlm_decoder_is_tied_to_word_embeddings():
+    config, model, params, ids, segments, positions = _small_model()
+    flat = {jax.tree_util.keystr(path): leaf for path, leaf in jax.tree_util.tree_leaves_with_path(params)}
+    vocab_sized = [name for name, leaf in flat.items() if config.vocab_size in leaf.shape]
+    # The only vocab-sized tensors: the word embeddings and the MLM output bias (no separate decoder matrix).
+    assert sorted(vocab_sized) == sorted(["['params']['embeddings']['word_embeddings']['embedding']",
+                                          "['params']['mlm_output_bias']"])
+    # The logits are the transformed hidden states times the embedding matrix, plus the bias, computed by hand.
+    p = params["params"]
+    outputs = model.apply(params, ids, np.ones_like(ids), segments, positions)
+    hidden = np.take_along_axis(np.asarray(outputs["sequence_output"]), positions[..., None], axis=1)
+    transform = hidden @ p["mlm_transform"]["kernel"] + p["mlm_transform"]["bias"]
+    transform = np.asarray(jax.nn.gelu(transform, approximate=True))
+    mean, var = transform.mean(-1, keepdims=True), transform.var(-1, keepdims=True)
+    normed = (transform - mean) / np.sqrt(var + 1e-12) * p["mlm_layer_norm"]["scale"] + p["mlm_layer_norm"]["bias"]
+    expected = normed @ np.asarray(p["embeddings"]["word_embeddings"]["embedding"]).T + p["mlm_output_bias"]
+    np.testing.assert_allclose(outputs["mlm_logits"], expected, rtol=1e-4, atol=1e-5)
+
+
+def test_embedding_gradient_includes_the_decoder_path():
+    config, model, params, ids, segments, positions = _small_model()
+    # A token that appears nowhere in the input still gets a gradient on its embedding row through the decoder.
+    unused = next(t for t in range(1, config.vocab_size) if t not in ids)
+
+    def loss(p):
+        return model.apply(p, ids, np.ones_like(ids), segments, positions)["mlm_logits"][..., unused].sum()
+
+    grads = jax.grad(loss)(params)["params"]["embeddings"]["word_embeddings"]["embedding"]
+    assert np.any(np.asarray(grads[unused]) != 0)
+
+
+def test_gelu_variants_differ_and_are_selectable():
+    _, model_tanh, params, ids, segments, positions = _small_model(hidden_act="gelu_tanh")
+    _, model_erf, _, _, _, _ = _small_model(hidden_act="gelu")
+    a = model_tanh.apply(params, ids, np.ones_like(ids), segments, positions)["mlm_logits"]
+    b = model_erf.apply(params, ids, np.ones_like(ids), segments, positions)["mlm_logits"]
+    assert 0 < np.max(np.abs(np.asarray(a) - np.asarray(b))) < 1e-2
+
+
+def test_initialisation_is_truncated_normal_with_stddev_002():
+    config = model_lib.BertConfig(vocab_size=4096, hidden_size=256, num_layers=1, num_heads=4,
+                                  intermediate_size=1024)
+    model = model_lib.BertForPreTraining(config)
+    ids = jnp.zeros((1, 8), jnp.int32)
+    params = nn.meta.unbox(model.init(jax.random.key(3), ids, ids, ids, jnp.zeros((1, 2), jnp.int32)))["params"]
+    table = np.asarray(params["embeddings"]["word_embeddings"]["embedding"])
+    assert np.max(np.abs(table)) <= 2 * 0.02 + 1e-6  # truncated at two standard deviations, as TF's initialiser
+    assert 0.015 < table.std() < 0.02  # a normal truncated at 2 sigma has std 0.88 sigma
+    np.testing.assert_array_equal(params["layer_0"]["output_layer_norm"]["scale"], 1.0)
+    np.testing.assert_array_equal(params["layer_0"]["intermediate"]["bias"], 0.0)
+
+
+def test_bfloat16_compute_keeps_float32_parameters():
+    config, model, params, ids, segments, positions = _small_model(dtype="bfloat16")
+    assert all(leaf.dtype == jnp.float32 for leaf in jax.tree.leaves(params))
+    outputs = model.apply(params, ids, np.ones_like(ids), segments, positions)
+    assert outputs["sequence_output"].dtype == jnp.bfloat16
+    assert outputs["mlm_logits"].dtype == jnp.float32
+    _, model32, _, _, _, _ = _small_model()
+    reference = model32.apply(params, ids, np.ones_like(ids), segments, positions)["mlm_logits"]
+    np.testing.assert_allclose(outputs["mlm_logits"], reference, atol=0.1)
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("num_heads", 5, "must divide model.hidden_size"),
+    ("hidden_act", "relu", "choose one of"),
+    ("dtype", "float16", "choose one of"),
+    ("dropout_rate", 1.5, "must be in"),
+])
+def test_bad_model_config_names_the_field(field, value, message):
+    config = pretrain.get_config("size=tiny")
+    config.model[field] = value
+    with pytest.raises(ValueError, match=f"--config.model.{field}.*{message}"):
+        model_lib.BertConfig.from_config(config.model)
+
+
+def test_model_flops_formula_for_base():
+    config = _preset("base")
+    flops = model_lib.model_flops_per_sequence(config, 128, 20)
+    # 6 * 85M encoder matmul parameters * 128 tokens dominates; attention adds 12*L*d*T^2.
+    encoder = 6 * 12 * (4 * 768 * 768 + 2 * 768 * 3072) * 128 + 12 * 12 * 768 * 128 * 128
+    head = 6 * 20 * (768 * 768 + 768 * 30522)
+    assert flops == pytest.approx(encoder + head + 6 * (768 * 768 + 2 * 768))

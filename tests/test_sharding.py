@@ -1,0 +1,154 @@
+"""Sharded equals unsharded: loss, every gradient, and five optimizer steps, on several (data, fsdp, tensor) meshes.
+
+This guards the XLA:CPU miscompilation seen on this stack (wrong gradients for a batch sharded over
+('data', 'fsdp') with FSDP + tensor-parallel parameters) as well as any sharding rule that changes the maths.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec
+
+from bert_jax import input_pipeline
+from bert_jax import model as model_lib
+from bert_jax import optim
+from bert_jax import sharding as sharding_lib
+from bert_jax import train
+from tests import helpers
+
+MESHES = [(8, 1, 1), (2, 2, 2), (1, 4, 2), (2, 1, 4), (1, 1, 8)]
+SEQ, PREDS, BATCH = 32, 5, 16
+
+
+def _setup(mesh_shape, dropout):
+    config = helpers.tiny_config(mesh_shape, dropout=dropout)
+    devices = jax.devices()[: int(np.prod(mesh_shape))]
+    mesh = sharding_lib.create_mesh(config.mesh, devices)
+    rules = sharding_lib.logical_rules(config.mesh)
+    model = model_lib.BertForPreTraining(model_lib.BertConfig.from_config(config.model))
+    tx, schedule = optim.create_optimizer(config.optim, config.train.num_steps)
+    return config, mesh, rules, model, tx, schedule
+
+
+def _batches(vocab_size, count):
+    batches = input_pipeline.synthetic_batches(batch_size=BATCH, max_seq_length=SEQ, max_predictions_per_seq=PREDS,
+                                               vocab_size=vocab_size, seed=7)
+    return [next(batches) for _ in range(count)]
+
+
+def _loss_and_grads(mesh_shape, batch, dropout):
+    config, mesh, rules, model, tx, _ = _setup(mesh_shape, dropout)
+    with jax.set_mesh(mesh):
+        state, shardings = train.create_train_state(model, tx, mesh, rules, jax.random.key(0), SEQ, PREDS)
+        batch_sharding = sharding_lib.batch_sharding(mesh, rules)
+        replicated = NamedSharding(mesh, PartitionSpec())
+        grad_fn = train.make_grad_fn(model, rules)
+
+        def loss_and_grads(params, batch, rng):
+            (loss, _), grads = grad_fn(params, batch, rng, *train.batch_denominators(batch))
+            return loss, grads
+
+        fn = jax.jit(loss_and_grads, in_shardings=(shardings.params, batch_sharding, replicated),
+                     out_shardings=(replicated, shardings.params))
+        loss, grads = fn(state.params, sharding_lib.make_global_batch(batch, batch_sharding), jax.random.key(1))
+        return float(loss), jax.device_get(grads), jax.device_get(state.params)
+
+
+def _run_steps(mesh_shape, batches, dropout):
+    config, mesh, rules, model, tx, schedule = _setup(mesh_shape, dropout)
+    with jax.set_mesh(mesh):
+        state, shardings = train.create_train_state(model, tx, mesh, rules, jax.random.key(0), SEQ, PREDS)
+        batch_sharding = sharding_lib.batch_sharding(mesh, rules)
+        replicated = NamedSharding(mesh, PartitionSpec())
+        step = jax.jit(train.make_train_step(model, tx, schedule, rules, mesh, config.optim.grad_accum_steps),
+                       in_shardings=(shardings, batch_sharding, replicated), out_shardings=(shardings, replicated),
+                       donate_argnums=0)
+        losses = []
+        for batch in batches:
+            state, metrics = step(state, sharding_lib.make_global_batch(batch, batch_sharding), jax.random.key(1))
+            losses.append(float(metrics["loss"]))
+        return np.array(losses), jax.device_get(state)
+
+
+def _assert_trees_close(actual, expected, rtol, what):
+    flat_actual = jax.tree_util.tree_leaves_with_path(actual)
+    flat_expected = [np.asarray(e, np.float64) for e in jax.tree.leaves(expected)]
+    assert len(flat_actual) == len(flat_expected)
+    # A tensor whose true value is zero (the attention key bias gets no gradient: softmax ignores a per-query
+    # constant) holds rounding noise; measure it against the scale of the whole tree instead.
+    floor = 1e-3 * max(np.max(np.abs(e)) for e in flat_expected if e.size)
+    for (path, a), e in zip(flat_actual, flat_expected):
+        a = np.asarray(a, np.float64)
+        scale = max(np.max(np.abs(e)), floor, 1e-30)
+        error = np.max(np.abs(a - e)) / scale
+        assert error <= rtol, f"{what} {jax.tree_util.keystr(path)}: max error {error:.3g} of scale {scale:.3g}"
+
+
+@pytest.fixture(scope="module")
+def reference():
+    batch = _batches(helpers.TINY_VOCAB, 1)[0]
+    return batch, _loss_and_grads((1, 1, 1), batch, dropout=True)
+
+
+@pytest.mark.parametrize("mesh_shape", MESHES, ids=lambda m: "x".join(map(str, m)))
+def test_sharded_gradients_equal_unsharded(mesh_shape, reference):
+    batch, (ref_loss, ref_grads, ref_params) = reference
+    loss, grads, params = _loss_and_grads(mesh_shape, batch, dropout=True)
+    # Same initial parameters: initialisation must not depend on the mesh.
+    _assert_trees_close(params, ref_params, 0.0, "initial parameter")
+    assert abs(loss - ref_loss) <= 1e-5 * abs(ref_loss)
+    _assert_trees_close(grads, ref_grads, 1e-5, "gradient")
+    # Every gradient is real: a broken (all-zero) path would pass the relative check trivially.
+    assert all(np.any(np.asarray(g) != 0) for g in jax.tree.leaves(ref_grads))
+
+
+@pytest.fixture(scope="module")
+def reference_steps():
+    batches = _batches(helpers.TINY_VOCAB, 5)
+    return batches, _run_steps((1, 1, 1), batches, dropout=True)
+
+
+@pytest.mark.parametrize("mesh_shape", MESHES, ids=lambda m: "x".join(map(str, m)))
+def test_five_sharded_optimizer_steps_equal_unsharded(mesh_shape, reference_steps):
+    batches, (ref_losses, ref_state) = reference_steps
+    losses, state = _run_steps(mesh_shape, batches, dropout=True)
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
+    assert int(state.step) == 5
+    _assert_trees_close(state.params, ref_state.params, 1e-5, "parameter after 5 steps")
+    _assert_trees_close(state.opt_state, ref_state.opt_state, 1e-4, "optimizer state after 5 steps")
+
+
+def test_parameters_and_optimizer_state_are_sharded():
+    config, mesh, rules, model, tx, _ = _setup((2, 2, 2), dropout=False)
+    with jax.set_mesh(mesh):
+        state, _ = train.create_train_state(model, tx, mesh, rules, jax.random.key(0), SEQ, PREDS)
+    query = state.params["layer_0"]["attention"]["query"]["kernel"]
+    assert query.sharding.spec == PartitionSpec("fsdp", "tensor")
+    # Each device holds a quarter of the kernel: born sharded, never replicated.
+    assert query.addressable_shards[0].data.shape == (query.shape[0] // 2, query.shape[1] // 2)
+    adam_mu = state.opt_state[1][0].mu["layer_0"]["attention"]["query"]["kernel"]
+    assert adam_mu.sharding.spec == PartitionSpec("fsdp", "tensor")
+    assert state.params["embeddings"]["LayerNorm"]["scale"].sharding.spec == PartitionSpec(None)
+
+
+def test_uneven_dimension_is_replicated_not_refused():
+    config, mesh, rules, *_ = _setup((1, 1, 8), dropout=False)
+    spec = sharding_lib.mesh_spec(("vocab", "embed"), (30522, 128), mesh, rules)
+    assert spec == PartitionSpec(None, "fsdp")
+    assert sharding_lib.mesh_spec(("vocab", "embed"), (30720, 128), mesh, rules) == PartitionSpec("tensor", "fsdp")
+
+
+@pytest.mark.parametrize("sizes, message", [
+    ({"data": 3, "fsdp": 1, "tensor": 1}, "there are 8 devices"),
+    ({"data": -1, "fsdp": -1, "tensor": 1}, "only one axis may be -1"),
+    ({"data": -1, "fsdp": 3, "tensor": 1}, "does not divide the 8 devices"),
+    ({"data": 0, "fsdp": 8, "tensor": 1}, "--config.mesh.data=0"),
+])
+def test_bad_mesh_is_refused_with_the_field(sizes, message):
+    with pytest.raises(ValueError, match=message):
+        sharding_lib.mesh_shape(sizes, 8)
+
+
+def test_mesh_fills_minus_one():
+    assert sharding_lib.mesh_shape({"data": -1, "fsdp": 2, "tensor": 2}, 8) == (2, 2, 2)

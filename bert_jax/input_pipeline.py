@@ -191,7 +191,10 @@ def synthetic_batches(*, batch_size: int, max_seq_length: int, max_predictions_p
         is_split = positions_in_row == split[:, None]
         is_last = positions_in_row == (lengths - 1)[:, None]
 
-        input_ids = rng.integers(first_token, vocab_size, size=(batch_size, max_seq_length))
+        # Zipf-distributed tokens, like words in text: a model can learn their frequencies, so the loss of a
+        # smoke run falls, while every id of the vocab still occurs.
+        zipf = rng.zipf(1.5, size=(batch_size, max_seq_length)) - 1
+        input_ids = first_token + zipf % (vocab_size - first_token)
         maskable = real & (positions_in_row > 0)
         if use_specials:
             input_ids[:, 0] = CLS_ID

@@ -7,6 +7,7 @@ TPU pod slice; see launch/ for the per-platform wrappers.
 from absl import app
 from absl import flags
 from absl import logging
+import jax
 from ml_collections import config_flags
 
 import bert_jax  # noqa: F401  (sets XLA flags before JAX starts)
@@ -29,6 +30,10 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     sharding.initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
+    try:
+        train.validate_config(FLAGS.config, jax.device_count(), jax.process_count())
+    except ValueError as error:
+        raise app.UsageError(f"bad config: {error}") from None
     logging.info("config:\n%s", FLAGS.config)
     final = train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
     logging.info("done: %s", {k: round(v, 4) for k, v in final.items()})

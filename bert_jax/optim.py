@@ -4,6 +4,7 @@ Gradient accumulation over micro-batches happens inside the train step (bert_jax
 step sees the gradient of the whole batch while only one micro-batch's activations are alive at a time.
 """
 
+from absl import logging
 import jax
 import optax
 
@@ -22,8 +23,11 @@ def validate(optim_config, num_steps: int) -> None:
         fail("decay", f"choose one of {DECAYS}")
     if optim_config.learning_rate <= 0:
         fail("learning_rate", "must be positive")
-    if not 0 <= optim_config.warmup_steps <= num_steps:
-        fail("warmup_steps", f"must be between 0 and train.num_steps={num_steps}")
+    if optim_config.warmup_steps < 0:
+        fail("warmup_steps", "must be >= 0")
+    if optim_config.warmup_steps > num_steps:
+        logging.warning("optim.warmup_steps=%d exceeds train.num_steps=%d: the run ends before the peak "
+                        "learning rate", optim_config.warmup_steps, num_steps)
     if optim_config.max_grad_norm < 0:
         fail("max_grad_norm", "must be >= 0 (0 disables clipping)")
     if optim_config.grad_accum_steps < 1:

@@ -159,7 +159,7 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation, schedule
             (grads, metrics), _ = jax.lax.scan(accumulate, (zeros, zero_metrics), micro_batches)
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
-        metrics = dict(metrics, grad_norm=optax.global_norm(grads), learning_rate=schedule(state.step))
+        metrics = dict(metrics, grad_norm=optax.tree.norm(grads), learning_rate=schedule(state.step))
         return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
     return train_step

@@ -21,8 +21,11 @@ MESHES = [(8, 1, 1), (2, 2, 2), (1, 4, 2), (2, 1, 4), (1, 1, 8)]
 SEQ, PREDS, BATCH = 32, 5, 16
 
 
-def _setup(mesh_shape, dropout):
+def _setup(mesh_shape, dropout, batch_axes=None):
     config = helpers.tiny_config(mesh_shape, dropout=dropout)
+    if batch_axes is not None:
+        config.mesh.rules = tuple(("batch", batch_axes) if name == "batch" else (name, axes)
+                                  for name, axes in config.mesh.rules)
     devices = jax.devices()[: int(np.prod(mesh_shape))]
     mesh = sharding_lib.create_mesh(config.mesh, devices)
     rules = sharding_lib.logical_rules(config.mesh)
@@ -37,8 +40,8 @@ def _batches(vocab_size, count):
     return [next(batches) for _ in range(count)]
 
 
-def _loss_and_grads(mesh_shape, batch, dropout):
-    config, mesh, rules, model, tx, _ = _setup(mesh_shape, dropout)
+def _loss_and_grads(mesh_shape, batch, dropout, batch_axes=None):
+    config, mesh, rules, model, tx, _ = _setup(mesh_shape, dropout, batch_axes)
     with jax.set_mesh(mesh):
         state, shardings = train.create_train_state(model, tx, mesh, rules, jax.random.key(0), SEQ, PREDS)
         batch_sharding = sharding_lib.batch_sharding(mesh, rules)
@@ -101,6 +104,16 @@ def test_sharded_gradients_equal_unsharded(mesh_shape, reference):
     _assert_trees_close(grads, ref_grads, 1e-5, "gradient")
     # Every gradient is real: a broken (all-zero) path would pass the relative check trivially.
     assert all(np.any(np.asarray(g) != 0) for g in jax.tree.leaves(ref_grads))
+
+
+@pytest.mark.parametrize("batch_axes", [("data", "fsdp"), ("fsdp", "data")])
+def test_batch_axis_order_does_not_change_gradients(batch_axes, reference):
+    # XLA:CPU in jaxlib 0.10.2 was seen computing wrong gradients for a batch over ('data', 'fsdp') with FSDP + TP
+    # parameters; whichever order a user's rules pick, the gradients must stay those of the unsharded model.
+    batch, (ref_loss, ref_grads, _) = reference
+    loss, grads, _ = _loss_and_grads((2, 2, 2), batch, dropout=True, batch_axes=batch_axes)
+    assert abs(loss - ref_loss) <= 1e-5 * abs(ref_loss)
+    _assert_trees_close(grads, ref_grads, 1e-5, "gradient")
 
 
 @pytest.fixture(scope="module")

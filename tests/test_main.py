@@ -1,0 +1,77 @@
+"""The driver, end to end in a subprocess, as a user runs it."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tests import helpers
+
+# Small enough to compile and run in seconds on 2 cores, sharded 2 x 2 x 2 over 8 fake CPU devices.
+COMMON = ["--config.train.batch_size=8", "--config.mesh.fsdp=2", "--config.mesh.tensor=2",
+          "--config.model.max_position_embeddings=128"]
+
+
+def _run(args, tmp_path, program=(sys.executable, "-m", "bert_jax.main")):
+    env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2",
+               XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    return subprocess.run([*program, f"--workdir={tmp_path}", *args], cwd=helpers.ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def _metrics(tmp_path):
+    return [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_driver_trains_on_synthetic_data(tmp_path):
+    result = _run(["--config=configs/pretrain.py:size=tiny,data=synthetic", "--config.train.num_steps=6",
+                   "--config.train.log_every=3", *COMMON], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "step 6/6" in result.stderr
+    assert "mesh {'data': 2, 'fsdp': 2, 'tensor': 2} over 8 devices" in result.stderr
+    metrics = _metrics(tmp_path)
+    assert [m["step"] for m in metrics] == [3, 6]
+    assert all(m["tokens_per_second"] > 0 for m in metrics)
+
+
+@pytest.mark.slow
+def test_driver_trains_on_original_tfrecords_and_evaluates(tmp_path):
+    fixtures = helpers.FIXTURES
+    result = _run(["--config=configs/pretrain.py:size=tiny,data=tfrecord", "--config.train.num_steps=8",
+                   "--config.train.log_every=4", "--config.train.eval_every=8", "--config.train.eval_steps=3",
+                   "--config.optim.learning_rate=1e-3", "--config.optim.warmup_steps=2",
+                   f"--config.data.input_files={fixtures}/sample_seq128.tfrecord",
+                   f"--config.data.eval_input_files={fixtures}/sample_seq128_wwm.tfrecord", *COMMON], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    metrics = _metrics(tmp_path)
+    assert [m["step"] for m in metrics] == [4, 8]
+    assert metrics[1]["loss"] < metrics[0]["loss"]
+    assert "eval_mlm_loss" in metrics[1] and "eval_mlm_loss" not in metrics[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args, message", [
+    (["--config.data.input_files=/nonexistent/train-*.tfrecord"], "/nonexistent/train-*.tfrecord"),
+    ([f"--config.data.input_files={helpers.FIXTURES}/sample_seq128.tfrecord", "--config.model.vocab_size=2048"],
+     "vocab"),
+    ([f"--config.data.input_files={helpers.FIXTURES}/sample_seq128.tfrecord", "--config.data.max_seq_length=64"],
+     "max_seq_length"),
+])
+def test_driver_bad_input_fails_with_a_clear_message(tmp_path, args, message):
+    result = _run(["--config=configs/pretrain.py:size=tiny,data=tfrecord", "--config.train.num_steps=2", *COMMON,
+                   *args], tmp_path)
+    assert result.returncode != 0
+    assert message in result.stderr
+
+
+def test_console_script_refuses_a_misspelt_override(tmp_path):
+    program = shutil.which("bert-jax")
+    if program is None:
+        pytest.skip("bert-jax console script not installed (pip install -e .)")
+    result = _run(["--config=configs/pretrain.py", "--config.optim.learning_rat=1e-4"], tmp_path, (program,))
+    assert result.returncode != 0
+    assert "learning_rat" in result.stderr

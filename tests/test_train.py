@@ -1,0 +1,202 @@
+"""The train step, the optimizer, the loop and config validation."""
+
+import jax
+import numpy as np
+import optax
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec
+
+from bert_jax import input_pipeline
+from bert_jax import model as model_lib
+from bert_jax import optim
+from bert_jax import sharding as sharding_lib
+from bert_jax import train
+from tests import helpers
+
+
+def _trainer(config, devices=1):
+    mesh = sharding_lib.create_mesh(config.mesh, jax.devices()[:devices])
+    rules = sharding_lib.logical_rules(config.mesh)
+    model = model_lib.BertForPreTraining(model_lib.BertConfig.from_config(config.model))
+    tx, schedule = optim.create_optimizer(config.optim, config.train.num_steps)
+    with jax.set_mesh(mesh):
+        state, shardings = train.create_train_state(model, tx, mesh, rules, jax.random.key(0),
+                                                    config.data.max_seq_length, config.data.max_predictions_per_seq)
+        batch_sharding = sharding_lib.batch_sharding(mesh, rules)
+        replicated = NamedSharding(mesh, PartitionSpec())
+        step = jax.jit(train.make_train_step(model, tx, schedule, rules, mesh, config.optim.grad_accum_steps),
+                       in_shardings=(shardings, batch_sharding, replicated), out_shardings=(shardings, replicated))
+
+    def run(state, batch):
+        with jax.set_mesh(mesh):
+            return step(state, sharding_lib.make_global_batch(batch, batch_sharding), jax.random.key(1))
+
+    return state, run
+
+
+def _batch(config, seed=3):
+    return next(input_pipeline.synthetic_batches(
+        batch_size=config.train.batch_size, max_seq_length=config.data.max_seq_length,
+        max_predictions_per_seq=config.data.max_predictions_per_seq, vocab_size=config.model.vocab_size, seed=seed))
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "lamb"])
+def test_loss_falls_on_a_repeated_batch(optimizer):
+    config = helpers.tiny_config()
+    config.optim.optimizer = optimizer
+    config.optim.learning_rate = 3e-3 if optimizer == "adamw" else 5e-2
+    config.train.num_steps = 40
+    state, run = _trainer(config)
+    batch = _batch(config)
+    losses = []
+    for _ in range(40):
+        state, metrics = run(state, batch)
+        losses.append(float(metrics["loss"]))
+    assert losses[-1] < 0.5 * losses[0], losses
+    assert float(metrics["mlm_accuracy"]) > 0.5
+
+
+def test_train_step_reports_every_metric():
+    config = helpers.tiny_config()
+    state, run = _trainer(config)
+    state, metrics = run(state, _batch(config))
+    assert set(metrics) == {"loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy", "grad_norm",
+                            "learning_rate"}
+    assert float(metrics["loss"]) == pytest.approx(float(metrics["mlm_loss"]) + float(metrics["nsp_loss"]), rel=1e-6)
+    # A random model predicts ~uniformly: MLM loss near log(vocab), NSP loss near log(2).
+    assert float(metrics["mlm_loss"]) == pytest.approx(np.log(helpers.TINY_VOCAB), rel=0.05)
+    assert float(metrics["nsp_loss"]) == pytest.approx(np.log(2), rel=0.1)
+    assert float(metrics["learning_rate"]) == 0.0  # step 0 of a linear warmup
+    assert int(state.step) == 1
+
+
+def test_gradient_accumulation_equals_the_whole_batch():
+    config = helpers.tiny_config((2, 1, 1))
+    batch = _batch(config)
+    results = []
+    for accum in (1, 4):
+        config.optim.grad_accum_steps = accum
+        state, run = _trainer(config, devices=2)
+        state, metrics = run(state, batch)
+        results.append((jax.device_get(state.params), {k: float(v) for k, v in metrics.items()}))
+    (params_1, metrics_1), (params_4, metrics_4) = results
+    for key in ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy", "grad_norm"):
+        assert metrics_4[key] == pytest.approx(metrics_1[key], rel=1e-5), key
+    for a, b in zip(jax.tree.leaves(params_4), jax.tree.leaves(params_1)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_weight_decay_skips_layer_norm_and_biases():
+    config = helpers.tiny_config()
+    model = model_lib.BertForPreTraining(model_lib.BertConfig.from_config(config.model))
+    ids = np.zeros((1, 8), np.int32)
+    params = jax.eval_shape(lambda: model.init(jax.random.key(0), ids, ids, ids, ids[:, :2]))["params"]
+    params = sharding_lib.unbox(params)
+    mask = {jax.tree_util.keystr(path): value
+            for path, value in jax.tree_util.tree_leaves_with_path(optim.decay_mask(params))}
+    assert mask["['layer_0']['attention']['query']['kernel']"]
+    assert mask["['embeddings']['word_embeddings']['embedding']"]
+    assert not mask["['layer_0']['attention']['query']['bias']"]
+    assert not mask["['layer_0']['output_layer_norm']['scale']"]
+    assert not mask["['embeddings']['LayerNorm']['bias']"]
+    assert not mask["['mlm_output_bias']"]
+    # Behaviour, not just the mask: with a zero gradient only decayed weights move.
+    config.optim.max_grad_norm = 0.0
+    tx, _ = optim.create_optimizer(config.optim, 10)
+    ones = jax.tree.map(lambda p: np.ones(p.shape, np.float32), params)
+    zeros = jax.tree.map(np.zeros_like, ones)
+    state = tx.init(ones)
+    for _ in range(3):  # past step 0, where the warmup learning rate is 0
+        updates, state = tx.update(zeros, state, ones)
+    moved = jax.tree.map(lambda u: bool(np.any(np.asarray(u) != 0)), updates)
+    assert moved["layer_0"]["attention"]["query"]["kernel"]
+    assert not moved["layer_0"]["attention"]["query"]["bias"]
+    assert not moved["layer_0"]["output_layer_norm"]["scale"]
+
+
+@pytest.mark.parametrize("decay, power, midpoint", [("linear", 1.0, 0.5e-3), ("polynomial", 2.0, 0.25e-3)])
+def test_schedule_warms_up_then_decays(decay, power, midpoint):
+    config = helpers.tiny_config()
+    config.optim.learning_rate, config.optim.warmup_steps = 1e-3, 10
+    config.optim.decay, config.optim.decay_power = decay, power
+    schedule = optim.learning_rate_schedule(config.optim, 110)
+    assert float(schedule(0)) == 0.0
+    assert float(schedule(5)) == pytest.approx(0.5e-3)
+    assert float(schedule(10)) == pytest.approx(1e-3)
+    assert float(schedule(60)) == pytest.approx(midpoint)
+    assert float(schedule(110)) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_clipping_bounds_the_update():
+    config = helpers.tiny_config()
+    config.optim.max_grad_norm = 1.0
+    tx, _ = optim.create_optimizer(config.optim, 10)
+    params = {"w": np.ones((4, 4), np.float32)}
+    clip_state = tx.init(params)[0]
+    clipped, _ = optax.clip_by_global_norm(1.0).update({"w": np.full((4, 4), 100.0, np.float32)}, clip_state)
+    assert float(optax.tree.norm(clipped)) == pytest.approx(1.0, rel=1e-6)
+
+
+def test_non_finite_loss_stops_the_run_naming_the_step(tmp_path, monkeypatch):
+    config = helpers.tiny_config((-1, 1, 1), num_steps=6, log_every=2)
+    real = input_pipeline.make_iterator
+
+    def poisoned(*args, **kwargs):
+        for index, batch in enumerate(real(*args, **kwargs)):
+            if index == 3:  # the 4th batch feeds step 4
+                batch = dict(batch, masked_lm_weights=np.full_like(batch["masked_lm_weights"], np.nan))
+            yield batch
+
+    monkeypatch.setattr(input_pipeline, "make_iterator", poisoned)
+    with pytest.raises(train.NonFiniteLossError, match="at step 4"):
+        train.train_and_evaluate(config, str(tmp_path))
+
+
+def test_loop_logs_metrics_and_evaluates(tmp_path):
+    config = helpers.tiny_config((2, 2, 2), num_steps=4, log_every=2, eval_every=4, eval_steps=2)
+    config.data.source = "tfrecord"
+    final = train.train_and_evaluate(_fixture_config(config), str(tmp_path))
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 2
+    assert final["step"] == 4
+    for key in ("sequences_per_second", "tokens_per_second", "eval_mlm_loss", "eval_mlm_accuracy",
+                "eval_mlm_perplexity", "eval_nsp_loss", "eval_nsp_accuracy"):
+        assert key in final, key
+    assert final["eval_mlm_perplexity"] == pytest.approx(np.exp(final["eval_mlm_loss"]), rel=1e-6)
+    assert list((tmp_path / "tensorboard").iterdir())
+
+
+def _fixture_config(config):
+    config.data.source = "tfrecord"
+    config.data.input_files = f"{helpers.FIXTURES}/sample_seq128.tfrecord"
+    config.data.eval_input_files = f"{helpers.FIXTURES}/sample_seq128_wwm.tfrecord"
+    config.data.max_seq_length, config.data.max_predictions_per_seq = 128, 20
+    config.model.max_position_embeddings = 128
+    config.model.vocab_size = 30522
+    config.data.shuffle_buffer = 64
+    return config
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("train.batch_size", 12, "must be a positive multiple of the 8 data-parallel devices"),
+    ("optim.grad_accum_steps", 3, "must divide the per-device batch"),
+    ("data.max_seq_length", 128, "exceeds model.max_position_embeddings=64"),
+    ("data.max_predictions_per_seq", 0, "--config.data.max_predictions_per_seq=0"),
+    ("data.source", "tfrecord", "needs --config.data.input_files"),
+    ("optim.optimizer", "sgd", "--config.optim.optimizer='sgd'"),
+    ("optim.warmup_steps", -1, "--config.optim.warmup_steps=-1"),
+    ("mesh.tensor", 3, "--config.mesh"),
+])
+def test_bad_config_is_refused_naming_the_field(field, value, message):
+    config = helpers.tiny_config((8, 1, 1))
+    section, name = field.split(".")
+    config[section][name] = value
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace("[", r"\[")):
+        train.validate_config(config, num_devices=8)
+
+
+def test_locked_config_refuses_misspelt_fields():
+    config = helpers.tiny_config()
+    config.lock()
+    with pytest.raises(AttributeError, match="learning_rat"):
+        config.optim.learning_rat = 1.0

@@ -21,7 +21,6 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from bert_jax import input_pipeline
 from bert_jax import model as model_lib
 from bert_jax import optim
 from bert_jax import sharding as sharding_lib
@@ -236,6 +235,19 @@ def peak_flops_per_device(device: jax.Device, override: float = 0.0) -> float:
     return 0.0
 
 
+def _log_line(step: int, num_steps: int, scalars: dict[str, float], steps_per_second: float) -> str:
+    line = (f"step {step}/{num_steps} | loss {scalars['loss']:.4f} mlm {scalars['mlm_loss']:.4f} "
+            f"nsp {scalars['nsp_loss']:.4f} | mlm_acc {scalars['mlm_accuracy']:.4f} "
+            f"nsp_acc {scalars['nsp_accuracy']:.4f} | grad_norm {scalars['grad_norm']:.3f} "
+            f"lr {scalars['learning_rate']:.3g}")
+    if steps_per_second:
+        mfu = f"{scalars['mfu']:.1%}" if "mfu" in scalars else "n/a"
+        eta = _format_duration((num_steps - step) / steps_per_second)
+        line += (f" | {scalars['sequences_per_second']:.1f} seq/s {scalars['tokens_per_second']:.0f} tok/s"
+                 f" | MFU {mfu} | ETA {eta}")
+    return line + "".join(f" | {k} {v:.4f}" for k, v in scalars.items() if k.startswith("eval_"))
+
+
 def _format_duration(seconds: float) -> str:
     seconds = int(max(seconds, 0))
     return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
@@ -284,6 +296,8 @@ def evaluate(eval_step, params, batches: Iterator, batch_sharding, num_batches: 
 
 def train_and_evaluate(config, workdir: str) -> dict[str, float]:
     """Runs the whole pretraining job described by `config`; returns the last logged metrics."""
+    # Imported here so the step functions above (and the benchmark) work where TensorFlow is not installed.
+    from bert_jax import input_pipeline
     validate_config(config, jax.device_count(), jax.process_count())
     model_config = model_lib.BertConfig.from_config(config.model)
     model = model_lib.BertForPreTraining(model_config)
@@ -318,9 +332,9 @@ def train_and_evaluate(config, workdir: str) -> dict[str, float]:
         eval_step = jax.jit(make_eval_step(model, rules), in_shardings=(state_shardings.params, batch_sharding),
                             out_shardings=replicated)
 
-        window: list[dict[str, float]] = []
+        window: list[dict[str, float]] = []  # host metrics of the steps since the last log line
+        timed_steps, window_start = 0, None
         last_logged: dict[str, float] = {}
-        window_start = None
         pending = None  # (step, device metrics) of the step before the one in flight
 
         def consume(step, device_metrics):
@@ -330,45 +344,36 @@ def train_and_evaluate(config, workdir: str) -> dict[str, float]:
                                          "saving this state (lower optim.learning_rate or check the data)")
             window.append(host)
 
-        first_step = int(state.step)
-        for step in range(first_step + 1, train.num_steps + 1):
+        for step in range(int(state.step) + 1, train.num_steps + 1):
             batch = sharding_lib.make_global_batch(next(train_batches), batch_sharding)
             state, metrics = train_step(state, batch, step_rng)
             # Reading the previous step's metrics keeps one step in flight while still naming a bad step exactly.
             if pending is not None:
                 consume(*pending)
             pending = (step, metrics)
-            if step == first_step + 1:
-                consume(*pending)  # the first step includes compilation; time from its end
-                pending, window, window_start = None, [], time.perf_counter()
+            if window_start is None:  # the first step includes compilation: time from its end
+                consume(*pending)
+                pending, window_start = None, time.perf_counter()
+            else:
+                timed_steps += 1
+            if step % train.log_every and step != train.num_steps:
                 continue
-            if step % train.log_every == 0 or step == train.num_steps:
+            if pending is not None:
                 consume(*pending)
                 pending = None
-                elapsed = time.perf_counter() - window_start
-                steps_per_second = len(window) / elapsed
-                scalars = {k: float(np.mean([m[k] for m in window])) for k in window[0]}
+            steps_per_second = timed_steps / (time.perf_counter() - window_start) if timed_steps else 0.0
+            scalars = {k: float(np.mean([m[k] for m in window])) for k in window[0]}
+            if steps_per_second:
                 scalars["sequences_per_second"] = steps_per_second * train.batch_size
                 scalars["tokens_per_second"] = scalars["sequences_per_second"] * data.max_seq_length
                 if peak:
                     scalars["mfu"] = flops_per_step * steps_per_second / peak
-                if data.eval_input_files and (step % train.eval_every == 0 or step == train.num_steps):
-                    eval_batches = make_iterator(split="eval", seed=train.seed)
-                    scalars.update(evaluate(eval_step, state.params, eval_batches, batch_sharding,
-                                            train.eval_steps))
-                eta = (train.num_steps - step) / steps_per_second
-                mfu = f"{scalars['mfu']:.1%}" if "mfu" in scalars else "n/a"
-                logging.info("step %d/%d | loss %.4f mlm %.4f nsp %.4f | mlm_acc %.4f nsp_acc %.4f | "
-                             "grad_norm %.3f lr %.3g | %.1f seq/s %.0f tok/s | MFU %s | ETA %s%s",
-                             step, train.num_steps, scalars["loss"], scalars["mlm_loss"], scalars["nsp_loss"],
-                             scalars["mlm_accuracy"], scalars["nsp_accuracy"], scalars["grad_norm"],
-                             scalars["learning_rate"], scalars["sequences_per_second"],
-                             scalars["tokens_per_second"], mfu, _format_duration(eta),
-                             "".join(f" | {k} {v:.4f}" for k, v in scalars.items() if k.startswith("eval_")))
-                writer.write(step, scalars)
-                last_logged = dict(scalars, step=step)
-                window, window_start = [], time.perf_counter()
-        if pending is not None:
-            consume(*pending)
+            if data.eval_input_files and (step % train.eval_every == 0 or step == train.num_steps):
+                eval_batches = make_iterator(split="eval", seed=train.seed)
+                scalars.update(evaluate(eval_step, state.params, eval_batches, batch_sharding, train.eval_steps))
+            logging.info("%s", _log_line(step, train.num_steps, scalars, steps_per_second))
+            writer.write(step, scalars)
+            last_logged = dict(scalars, step=step)
+            window, timed_steps, window_start = [], 0, time.perf_counter()
     writer.close()
     return last_logged

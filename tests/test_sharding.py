@@ -165,3 +165,18 @@ def test_bad_mesh_is_refused_with_the_field(sizes, message):
 
 def test_mesh_fills_minus_one():
     assert sharding_lib.mesh_shape({"data": -1, "fsdp": 2, "tensor": 2}, 8) == (2, 2, 2)
+
+
+def test_partial_distributed_flags_are_refused():
+    with pytest.raises(ValueError, match="--coordinator_address, --num_processes and --process_id"):
+        sharding_lib.initialize_distributed(coordinator_address="10.0.0.1:1234", num_processes=2)
+
+
+def test_global_batch_is_sharded_over_the_batch_axes():
+    config, mesh, rules, *_ = _setup((2, 2, 2), dropout=False)
+    batch = _batches(helpers.TINY_VOCAB, 1)[0]
+    global_batch = sharding_lib.make_global_batch(batch, sharding_lib.batch_sharding(mesh, rules))
+    ids = global_batch["input_ids"]
+    assert ids.sharding.spec == PartitionSpec(("fsdp", "data"))
+    assert ids.addressable_shards[0].data.shape == (BATCH // 4, SEQ)  # 4-way over data x fsdp, whole rows
+    np.testing.assert_array_equal(np.asarray(ids), batch["input_ids"])

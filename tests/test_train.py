@@ -40,10 +40,11 @@ def _batch(config, seed=3):
         max_predictions_per_seq=config.data.max_predictions_per_seq, vocab_size=config.model.vocab_size, seed=seed))
 
 
-@pytest.mark.parametrize("optimizer", ["adamw", "lamb"])
-def test_loss_falls_on_a_repeated_batch(optimizer):
+@pytest.mark.parametrize("optimizer, dtype", [("adamw", "float32"), ("lamb", "float32"), ("adamw", "bfloat16")])
+def test_loss_falls_on_a_repeated_batch(optimizer, dtype):
     config = helpers.tiny_config()
     config.optim.optimizer = optimizer
+    config.model.dtype = dtype
     config.optim.learning_rate = 3e-3 if optimizer == "adamw" else 5e-2
     config.train.num_steps = 40
     state, run = _trainer(config)
@@ -54,6 +55,8 @@ def test_loss_falls_on_a_repeated_batch(optimizer):
         losses.append(float(metrics["loss"]))
     assert losses[-1] < 0.5 * losses[0], losses
     assert float(metrics["mlm_accuracy"]) > 0.5
+    # bf16 compute keeps float32 master weights and optimizer state.
+    assert all(leaf.dtype == np.float32 for leaf in jax.tree.leaves(state.params))
 
 
 def test_train_step_reports_every_metric():

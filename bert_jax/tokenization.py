@@ -1,0 +1,483 @@
+"""WordPiece and SentencePiece tokenizers behind one small interface, plus vocabulary training.
+
+WordPiece runs on HuggingFace `tokenizers` (Rust) configured to reproduce the original google-research/bert
+FullTokenizer token for token; SentencePiece runs on the `sentencepiece` C++ library. Both kinds encode WITHOUT
+adding special tokens: the pretraining-data stage places [CLS]/[SEP] itself, as the original did.
+
+Worker processes: `tokenizers` starts a Rust thread pool on its first batch call; a process forked after that
+gets a warning and a disabled pool. So build tokenizers inside each worker, after the fork, with
+`load_tokenizer(saved_dir)`, and set `TOKENIZERS_PARALLELISM=false` in the worker before its first encode, so N
+workers do not each start a pool sized for the whole machine (SentencePiece batches honour the same variable
+here). This module leaves the variable alone: the right value depends on whether the caller is parent or worker.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import posixpath
+import tempfile
+from typing import Iterable, Iterator, Sequence
+
+import numpy as np
+import sentencepiece
+import tokenizers
+from sentencepiece import sentencepiece_model_pb2
+from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
+
+SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+CONFIG_FILE = "tokenizer_config.json"
+WORDPIECE_VOCAB_FILE = "vocab.txt"
+SENTENCEPIECE_MODEL_FILE = "spm.model"
+# The original WordpieceTokenizer maps any longer whitespace/punctuation-delimited word to [UNK].
+MAX_INPUT_CHARS_PER_WORD = 100
+_SPECIAL_ID_FIELDS = ("pad_id", "unk_id", "cls_id", "sep_id", "mask_id")
+
+
+def padded_vocab_size(vocab_size: int, multiple: int = 128) -> int:
+    """Embedding rows for `vocab_size` real entries: rounded up so the vocab axis shards and tiles evenly."""
+    if vocab_size < 1 or multiple < 1:
+        raise ValueError(f"padded_vocab_size: vocab_size ({vocab_size}) and multiple ({multiple}) must be >= 1")
+    return -(-vocab_size // multiple) * multiple
+
+
+# File access: local paths with plain Python, gs:// through tf.io.gfile (imported only then: TF is slow to import).
+
+
+def _is_remote(path: str) -> bool:
+    return str(path).startswith("gs://")
+
+
+def _gfile():
+    import tensorflow as tf
+    return tf.io.gfile
+
+
+def _join(directory: str, name: str) -> str:
+    return posixpath.join(directory, name) if _is_remote(directory) else os.path.join(directory, name)
+
+
+def _exists(path: str) -> bool:
+    return _gfile().exists(path) if _is_remote(path) else os.path.exists(path)
+
+
+def _isdir(path: str) -> bool:
+    return _gfile().isdir(path) if _is_remote(path) else os.path.isdir(path)
+
+
+def _open(path: str, mode: str):
+    return _gfile().GFile(path, mode) if _is_remote(path) else open(path, mode)
+
+
+def _read_bytes(path: str) -> bytes:
+    with _open(path, "rb") as f:
+        return f.read()
+
+
+def _write_bytes(path: str, data: bytes) -> None:
+    if _is_remote(path):
+        _gfile().makedirs(posixpath.dirname(path))
+    elif os.path.dirname(path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+    with _open(path, "wb") as f:
+        f.write(data)
+
+
+# The common interface.
+
+
+class Tokenizer:
+    """What the rest of bert_jax may rely on; WordPieceTokenizer and SentencePieceTokenizer fill it in."""
+
+    kind: str
+    vocab_size: int
+    pad_id: int
+    unk_id: int
+    cls_id: int
+    sep_id: int
+    mask_id: int
+    do_lower_case: bool
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """Token ids for each text, without special tokens."""
+        raise NotImplementedError
+
+    def tokenize(self, text: str) -> list[str]:
+        raise NotImplementedError
+
+    def convert_tokens_to_ids(self, tokens: Iterable[str]) -> list[int]:
+        """Ids for token strings; a string not in the vocabulary maps to unk_id."""
+        raise NotImplementedError
+
+    def convert_ids_to_tokens(self, ids: Iterable[int]) -> list[str]:
+        ids = [int(token_id) for token_id in ids]
+        bad = [token_id for token_id in ids if not 0 <= token_id < self.vocab_size]
+        if bad:
+            raise ValueError(f"token ids {bad[:5]} are outside this {self.kind} vocabulary (size {self.vocab_size})")
+        return [self._words[token_id] for token_id in ids]
+
+    def decode(self, ids: Iterable[int], *, skip_special_tokens: bool = True) -> str:
+        """Readable text for ids, for inspection (not an exact inverse: WordPiece loses spacing and case).
+        skip_special_tokens drops [PAD] [CLS] [SEP] [MASK] and keeps [UNK]."""
+        raise NotImplementedError
+
+    @property
+    def vocab_words(self) -> list[str]:
+        return list(self._words)
+
+    @property
+    def is_continuation(self) -> np.ndarray:
+        raise NotImplementedError
+
+    @property
+    def special_ids(self) -> dict[str, int]:
+        return {field: getattr(self, field) for field in _SPECIAL_ID_FIELDS}
+
+    def save(self, directory: str) -> str:
+        """Writes the vocabulary file and tokenizer_config.json into `directory` (local or gs://); returns it."""
+        vocab_file = self._save_vocab(directory)
+        config = {"kind": self.kind, "do_lower_case": self.do_lower_case, "vocab_file": vocab_file,
+                  "vocab_size": self.vocab_size, **self.special_ids}
+        _write_bytes(_join(directory, CONFIG_FILE), (json.dumps(config, indent=2) + "\n").encode("utf-8"))
+        return directory
+
+    def _save_vocab(self, directory: str) -> str:
+        raise NotImplementedError
+
+    def _set_special_ids(self, found: dict[str, int | None], fix: str) -> None:
+        missing = [token for token in SPECIAL_TOKENS if found[token] is None]
+        if missing:
+            raise ValueError(f"{self._source}: the vocabulary lacks the special token(s) {', '.join(missing)}; BERT "
+                             f"pretraining needs all of {', '.join(SPECIAL_TOKENS)}. Fix: {fix}")
+        self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (found[t] for t in SPECIAL_TOKENS)
+
+    def _skip_special(self, ids: Iterable[int], skip: bool) -> list[int]:
+        ids = [int(i) for i in ids]
+        # [UNK] is kept: it stands for text that was there, and hiding it would make decode look lossless.
+        structural = {self.pad_id, self.cls_id, self.sep_id, self.mask_id} if skip else set()
+        return [i for i in ids if i not in structural]
+
+    def __reduce__(self):
+        # Pickled as the vocabulary and rebuilt, so spawn-started workers get a fresh native tokenizer.
+        return _rebuild, (type(self), self._payload, self.do_lower_case, self._source)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(vocab_size={self.vocab_size}, do_lower_case={self.do_lower_case})"
+
+
+def _rebuild(cls, payload, do_lower_case: bool, source: str) -> Tokenizer:
+    return cls(payload, do_lower_case=do_lower_case, source=source)
+
+
+# WordPiece.
+
+
+def _parse_vocab_lines(text: str) -> list[str]:
+    # The original load_vocab reads line by line and strips each line: id = line number, an empty line is the
+    # token "", and a repeated token keeps the id of its LAST line (a dict overwrite). Splitting on "\n" only
+    # (not str.splitlines) matches its tf.gfile readline, which does not break on \u2028 and friends.
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [line.strip() for line in lines]
+
+
+class WordPieceTokenizer(Tokenizer):
+    """Original-BERT WordPiece: BasicTokenizer (clean, CJK split, optional lower-case + accent strip, punctuation
+    split) then greedy longest-match-first with "##" continuations, all in Rust."""
+
+    kind = "wordpiece"
+
+    def __init__(self, vocab_words: Sequence[str], *, do_lower_case: bool = True, source: str = "<vocab>"):
+        self._words = list(vocab_words)
+        self._payload, self._source = self._words, source
+        self.do_lower_case = bool(do_lower_case)
+        self.vocab_size = len(self._words)
+        self._vocab = {word: index for index, word in enumerate(self._words)}  # last duplicate wins, as originally
+        self._set_special_ids({token: self._vocab.get(token) for token in SPECIAL_TOKENS},
+                              "add them as lines of the vocab file (ids are line numbers), or train a vocabulary "
+                              "with tokenization.train_wordpiece")
+        # No special tokens are registered with the Rust tokenizer on purpose: the original splits a literal
+        # "[MASK]" in text into "[", "mask", "]", and so must we, or raw text could inject control ids.
+        self._backend = _bert_backend(models.WordPiece(self._vocab, unk_token="[UNK]",
+                                                       max_input_chars_per_word=MAX_INPUT_CHARS_PER_WORD),
+                                      self.do_lower_case)
+        self._decoder = decoders.WordPiece(prefix="##", cleanup=True)
+        self._is_continuation = None
+
+    @classmethod
+    def from_vocab_file(cls, path: str, *, do_lower_case: bool = True) -> "WordPieceTokenizer":
+        data = _read_bytes(path)
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise ValueError(f"{path}: not a UTF-8 WordPiece vocab.txt ({error}). Fix: pass a text file with one "
+                             f"token per line, or a SentencePiece model whose name ends in .model") from None
+        return cls(_parse_vocab_lines(text), do_lower_case=do_lower_case, source=path)
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        encodings = self._backend.encode_batch_fast(list(texts), add_special_tokens=False)
+        return [encoding.ids for encoding in encodings]
+
+    def tokenize(self, text: str) -> list[str]:
+        # Token strings come from our own id order, so a duplicated vocab line reads back as it was written.
+        return [self._words[i] for i in self._backend.encode(text, add_special_tokens=False).ids]
+
+    def convert_tokens_to_ids(self, tokens: Iterable[str]) -> list[int]:
+        return [self._vocab.get(token, self.unk_id) for token in tokens]
+
+    def decode(self, ids: Iterable[int], *, skip_special_tokens: bool = True) -> str:
+        return self._decoder.decode(self.convert_ids_to_tokens(self._skip_special(ids, skip_special_tokens)))
+
+    @property
+    def is_continuation(self) -> np.ndarray:
+        if self._is_continuation is None:
+            self._is_continuation = np.array([word.startswith("##") for word in self._words], dtype=bool)
+        return self._is_continuation.copy()
+
+    def _save_vocab(self, directory: str) -> str:
+        _write_bytes(_join(directory, WORDPIECE_VOCAB_FILE), "".join(w + "\n" for w in self._words).encode("utf-8"))
+        return WORDPIECE_VOCAB_FILE
+
+
+# SentencePiece.
+
+# Pieces that start a word even without the "▁" prefix: single ASCII punctuation (WordPiece always splits it off
+# as its own word, so whole-word masking treats both kinds alike), as ALBERT's whole-word masking also does.
+_PUNCTUATION = frozenset('!"#$%&\'()*+,-./:;<=>?@[\\]^_`{|}~')
+
+
+class SentencePieceTokenizer(Tokenizer):
+    """A SentencePiece model (unigram or BPE). Lower-casing, when asked for, is Python's str.lower() on the input,
+    applied the same way at training and at encoding, on top of the model's own normalization."""
+
+    kind = "sentencepiece"
+
+    def __init__(self, model_proto: bytes, *, do_lower_case: bool = False, source: str = "<spm model>"):
+        self._model_proto = bytes(model_proto)
+        self._payload, self._source = self._model_proto, source
+        self.do_lower_case = bool(do_lower_case)
+        try:
+            self._sp = sentencepiece.SentencePieceProcessor(model_proto=self._model_proto)
+        except Exception as error:  # the C++ side raises a bare RuntimeError without the file name
+            raise ValueError(f"{source}: not a readable SentencePiece model ({error}). Fix: pass a .model file "
+                             "written by sentencepiece, or a WordPiece vocab.txt") from None
+        self.vocab_size = self._sp.get_piece_size()
+        self._words = [self._sp.id_to_piece(i) for i in range(self.vocab_size)]
+        # Models from elsewhere (ALBERT, T5-style) may call padding "<pad>"; their declared pad/unk ids win.
+        found = {"[PAD]": self._sp.pad_id() if self._sp.pad_id() >= 0 else self._piece_id("[PAD]"),
+                 "[UNK]": self._sp.unk_id()}
+        for token in SPECIAL_TOKENS[2:]:
+            found[token] = self._piece_id(token)
+        self._set_special_ids(found, "train the model with tokenization.train_sentencepiece, or pass them to "
+                                     "SentencePieceTrainer as control_symbols")
+        self._is_continuation = None
+
+    @classmethod
+    def from_model_file(cls, path: str, *, do_lower_case: bool = False) -> "SentencePieceTokenizer":
+        return cls(_read_bytes(path), do_lower_case=do_lower_case, source=path)
+
+    def _piece_id(self, piece: str) -> int | None:
+        # piece_to_id answers unk_id for an unknown piece, so confirm the round trip.
+        piece_id = self._sp.piece_to_id(piece)
+        return piece_id if self._sp.id_to_piece(piece_id) == piece else None
+
+    def _prepare(self, text: str) -> str:
+        return text.lower() if self.do_lower_case else text
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        # One switch for both kinds: a worker that turned off the Rust pool wants no C++ pool either.
+        parallel = os.environ.get("TOKENIZERS_PARALLELISM", "").lower() not in ("false", "0", "off", "no")
+        return self._sp.encode([self._prepare(text) for text in texts], out_type=int,
+                               num_threads=-1 if parallel else 1)
+
+    def tokenize(self, text: str) -> list[str]:
+        return self._sp.encode(self._prepare(text), out_type=str)
+
+    def convert_tokens_to_ids(self, tokens: Iterable[str]) -> list[int]:
+        return [self._sp.piece_to_id(token) for token in tokens]
+
+    def decode(self, ids: Iterable[int], *, skip_special_tokens: bool = True) -> str:
+        return self._sp.decode(self._skip_special(ids, skip_special_tokens))
+
+    @property
+    def is_continuation(self) -> np.ndarray:
+        if self._is_continuation is None:
+            # Only NORMAL pieces can continue a word; the processor has no is_user_defined(), so read the types.
+            proto = sentencepiece_model_pb2.ModelProto()
+            proto.ParseFromString(self._model_proto)
+            normal = sentencepiece_model_pb2.ModelProto.SentencePiece.NORMAL
+            self._is_continuation = np.array([
+                piece.type == normal and not piece.piece.startswith("\u2581") and piece.piece not in _PUNCTUATION
+                for piece in proto.pieces], dtype=bool)
+        return self._is_continuation.copy()
+
+    def _save_vocab(self, directory: str) -> str:
+        _write_bytes(_join(directory, SENTENCEPIECE_MODEL_FILE), self._model_proto)
+        return SENTENCEPIECE_MODEL_FILE
+
+
+# Loading.
+
+# Directories not written by save(): a Google BERT checkpoint or a HuggingFace model directory.
+_FOREIGN_VOCAB_FILES = (("wordpiece", "vocab.txt"), ("sentencepiece", "spm.model"),
+                        ("sentencepiece", "spiece.model"), ("sentencepiece", "sentencepiece.model"))
+
+
+def load_tokenizer(path: str, *, do_lower_case: bool | None = None) -> Tokenizer:
+    """Loads a WordPiece vocab.txt, a SentencePiece .model, or a directory written by Tokenizer.save().
+
+    `do_lower_case=None` takes the saved setting, else True for a vocab.txt and False for a .model. Local paths
+    and gs:// both work; the tokenizer is cheap to build, so load it once per worker process after the fork.
+    """
+    path = os.fspath(path)
+    if not _exists(path):
+        raise FileNotFoundError(f"tokenizer path {path!r} does not exist. Fix: pass a WordPiece vocab.txt, a "
+                                "SentencePiece .model file, or a directory written by Tokenizer.save()")
+    if _isdir(path):
+        return _load_directory(path, do_lower_case)
+    kind = "sentencepiece" if path.endswith(".model") else "wordpiece"
+    return _load_file(path, kind, do_lower_case)
+
+
+def _load_file(path: str, kind: str, do_lower_case: bool | None) -> Tokenizer:
+    if kind == "wordpiece":
+        return WordPieceTokenizer.from_vocab_file(path, do_lower_case=True if do_lower_case is None else do_lower_case)
+    return SentencePieceTokenizer.from_model_file(path, do_lower_case=bool(do_lower_case))
+
+
+def _load_directory(directory: str, do_lower_case: bool | None) -> Tokenizer:
+    config_path = _join(directory, CONFIG_FILE)
+    config = {}
+    if _exists(config_path):
+        try:
+            config = json.loads(_read_bytes(config_path).decode("utf-8"))
+        except ValueError as error:
+            raise ValueError(f"{config_path}: not valid JSON ({error}). Fix: re-save the tokenizer") from None
+    if do_lower_case is None and "do_lower_case" in config:
+        do_lower_case = bool(config["do_lower_case"])
+    if "kind" not in config:
+        # HuggingFace also writes a tokenizer_config.json (with do_lower_case but no "kind"); use its vocab file.
+        for kind, name in _FOREIGN_VOCAB_FILES:
+            if _exists(_join(directory, name)):
+                return _load_file(_join(directory, name), kind, do_lower_case)
+        raise FileNotFoundError(f"{directory}: no {CONFIG_FILE} with a 'kind' field and no vocabulary file "
+                                f"({', '.join(name for _, name in _FOREIGN_VOCAB_FILES)}). Fix: point at a "
+                                "directory written by Tokenizer.save(), or at the vocab file itself")
+    kind = config["kind"]
+    if kind not in ("wordpiece", "sentencepiece"):
+        raise ValueError(f"{config_path}: field 'kind' is {kind!r}; expected 'wordpiece' or 'sentencepiece'")
+    default_file = WORDPIECE_VOCAB_FILE if kind == "wordpiece" else SENTENCEPIECE_MODEL_FILE
+    vocab_path = _join(directory, config.get("vocab_file") or default_file)
+    if not _exists(vocab_path):
+        raise FileNotFoundError(f"{config_path}: its vocab_file {vocab_path!r} does not exist. Fix: copy the "
+                                "whole directory written by Tokenizer.save()")
+    tokenizer = _load_file(vocab_path, kind, do_lower_case)
+    stale = [field for field in _SPECIAL_ID_FIELDS
+             if field in config and config[field] != getattr(tokenizer, field)]
+    if stale:
+        raise ValueError(f"{config_path}: {', '.join(stale)} disagree with {vocab_path} (config "
+                         f"{ {f: config[f] for f in stale} }, vocab { {f: getattr(tokenizer, f) for f in stale} }). "
+                         "Fix: the vocab file was replaced; re-save the tokenizer so data and model agree")
+    return tokenizer
+
+
+# Training.
+
+
+def _training_lines(texts: Iterable[str], lower: bool) -> Iterator[str]:
+    if isinstance(texts, (str, bytes)):
+        raise TypeError("texts must be an iterable of strings (e.g. a list of documents), not one string")
+    for text in texts:
+        # One line per sentence: SentencePiece skips "sentences" over max_sentence_length bytes.
+        for line in text.split("\n"):
+            line = line.strip()
+            if line:
+                yield line.lower() if lower else line
+
+
+def _bert_backend(model, do_lower_case: bool) -> tokenizers.Tokenizer:
+    backend = tokenizers.Tokenizer(model)
+    # strip_accents=None follows lowercase, as in the original (accents are stripped only when lower-casing).
+    backend.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True, strip_accents=None,
+                                                    lowercase=do_lower_case)
+    backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    return backend
+
+
+def train_wordpiece(texts: Iterable[str], *, vocab_size: int, output_dir: str, do_lower_case: bool = True,
+                    min_frequency: int = 2, limit_alphabet: int = 1000) -> WordPieceTokenizer:
+    """Trains a BERT-style WordPiece vocab ([PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4), saves it to `output_dir`.
+
+    Counting uses the same normalization and pre-tokenization as encoding, so every learned piece is reachable.
+    Only the `limit_alphabet` most frequent characters are kept (the rest become [UNK]), so a stray script in a
+    web corpus cannot spend the vocabulary. The texts are spooled to a temporary file, read twice.
+    """
+    if vocab_size <= len(SPECIAL_TOKENS):
+        raise ValueError(f"train_wordpiece: vocab_size={vocab_size} leaves no room beyond {SPECIAL_TOKENS}")
+    backend = _bert_backend(models.WordPiece(unk_token="[UNK]", max_input_chars_per_word=MAX_INPUT_CHARS_PER_WORD),
+                            do_lower_case)
+    with tempfile.TemporaryDirectory() as scratch:
+        corpus_file = os.path.join(scratch, "corpus.txt")
+        raw_counts = collections.Counter()
+        with open(corpus_file, "w", encoding="utf-8") as f:
+            for line in _training_lines(texts, lower=False):
+                raw_counts.update(line)
+                f.write(line + "\n")
+        char_counts = collections.Counter()
+        for char, count in raw_counts.items():  # BertNormalizer works character by character
+            for normalized in backend.normalizer.normalize_str(char):
+                if not normalized.isspace():
+                    char_counts[normalized] += count
+        if not char_counts:
+            raise ValueError("train_wordpiece: the training texts were empty; pass an iterable of non-empty strings")
+        alphabet = sorted(sorted(char_counts, key=lambda c: (-char_counts[c], c))[:limit_alphabet])
+        # Characters that BertPreTokenizer never leaves inside a word (punctuation, CJK) get no "##" form.
+        continuations = ["##" + c for c in alphabet if len(backend.pre_tokenizer.pre_tokenize_str("a" + c)) == 1]
+        # The trainer creates "##" pieces in hash-map order and breaks count ties by id, so the same input gave a
+        # different vocab run to run (huggingface/tokenizers#1794). Registering every single-character piece up
+        # front, in sorted order, fixes their ids and with them every tie-break.
+        trainer = trainers.WordPieceTrainer(
+            vocab_size=vocab_size, min_frequency=min_frequency, show_progress=False, continuing_subword_prefix="##",
+            special_tokens=list(SPECIAL_TOKENS) + alphabet + continuations, initial_alphabet=alphabet,
+            limit_alphabet=len(alphabet))
+        backend.train([corpus_file], trainer=trainer)
+    words = [word for word, _ in sorted(backend.get_vocab().items(), key=lambda item: item[1])]
+    tokenizer = WordPieceTokenizer(words, do_lower_case=do_lower_case, source=f"train_wordpiece({output_dir})")
+    tokenizer.save(output_dir)
+    return tokenizer
+
+
+def train_sentencepiece(texts: Iterable[str], *, vocab_size: int, output_dir: str, model_type: str = "unigram",
+                        do_lower_case: bool = False, character_coverage: float = 0.9995,
+                        seed: int = 0) -> SentencePieceTokenizer:
+    """Trains a SentencePiece model ([PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4), saves it to `output_dir`."""
+    if model_type not in ("unigram", "bpe"):
+        raise ValueError(f"train_sentencepiece: model_type={model_type!r}; expected 'unigram' or 'bpe'")
+    if vocab_size <= len(SPECIAL_TOKENS):
+        raise ValueError(f"train_sentencepiece: vocab_size={vocab_size} leaves no room beyond {SPECIAL_TOKENS}")
+    sentencepiece.set_random_generator_seed(seed)
+    with tempfile.TemporaryDirectory() as scratch:
+        prefix = os.path.join(scratch, "spm")
+        try:
+            sentencepiece.SentencePieceTrainer.train(
+                sentence_iterator=_training_lines(texts, lower=do_lower_case), model_prefix=prefix,
+                vocab_size=vocab_size, model_type=model_type, character_coverage=character_coverage,
+                normalization_rule_name="nmt_nfkc",
+                # Fixed ids, the same as a trained WordPiece vocab. [CLS]/[SEP]/[MASK] are control symbols, so
+                # the literal text "[MASK]" is never encoded as the mask id (WordPiece splits it up too).
+                pad_id=0, pad_piece="[PAD]", unk_id=1, unk_piece="[UNK]", bos_id=-1, eos_id=-1,
+                control_symbols=list(SPECIAL_TOKENS[2:]),
+                # Pinned rather than taken from the machine, so thread partitioning of the EM sums cannot make
+                # two machines train different models from the same input.
+                num_threads=16, minloglevel=2)
+        except RuntimeError as error:
+            raise ValueError(f"train_sentencepiece: sentencepiece refused the input ({error}). Fix: give it more "
+                             "text or a smaller vocab_size") from None
+        with open(prefix + ".model", "rb") as f:
+            model_proto = f.read()
+    tokenizer = SentencePieceTokenizer(model_proto, do_lower_case=do_lower_case,
+                                       source=f"train_sentencepiece({output_dir})")
+    tokenizer.save(output_dir)
+    return tokenizer

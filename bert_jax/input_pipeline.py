@@ -1,16 +1,23 @@
 """Input pipeline: pretraining TFRecords (original google-research/bert layout) or synthetic data -> numpy batches.
 
+Records with static masks are read as written; unmasked records (no masked_lm_* features) are masked here, in
+tf.data, with fresh masks each time a record is read (`dynamic_mask`).
+
 Every function here returns host-local batches of `batch_size` sequences for this process; turning them into one
 global jax.Array is the sharding module's job. Batches are dicts of numpy arrays:
 input_ids, input_mask, segment_ids int32 [B, S]; masked_lm_positions, masked_lm_ids int32 [B, P];
 masked_lm_weights float32 [B, P]; next_sentence_labels int32 [B].
 """
 
+import concurrent.futures
 from typing import Iterator
 
 from absl import logging
 import numpy as np
 import tensorflow as tf
+
+from bert_jax.masking import CLS_ID, MASK_ID, PAD_ID, SEP_ID  # noqa: F401  (re-exported for callers)
+from bert_jax.masking import check_masking_args, dynamic_mask, restore_original_tokens
 
 # tf.data only needs the CPU. Left alone, TensorFlow would reserve accelerator memory that JAX needs.
 try:
@@ -18,22 +25,31 @@ try:
 except (RuntimeError, ValueError):  # devices already initialised, or no GPU support compiled in
     pass
 
-# Special ids of the original BERT WordPiece vocabularies.
-PAD_ID, CLS_ID, SEP_ID, MASK_ID = 0, 101, 102, 103
-
 _SEQUENCE_FEATURES = ("input_ids", "input_mask", "segment_ids")
 _PREDICTION_FEATURES = ("masked_lm_positions", "masked_lm_ids", "masked_lm_weights")
 
 _INPUT_FILES_FLAG = "--config.data.input_files"
 _EVAL_INPUT_FILES_FLAG = "--config.data.eval_input_files"
 
+# A BERT example is a few kilobytes; a larger length in a record header means the file is something else.
+_MAX_PEEK_BYTES = 1 << 26
 
-def feature_spec(max_seq_length: int, max_predictions_per_seq: int) -> dict:
-    """The tf.io.parse_example spec of the original create_pretraining_data.py records."""
+_MASKING_MODES = ("auto", "static", "dynamic")
+
+
+def feature_spec(max_seq_length: int, max_predictions_per_seq: int, layout: str = "masked") -> dict:
+    """The tf.io.parse_example spec of pretraining records.
+
+    "masked": the original create_pretraining_data.py layout, masks fixed when the data was written.
+    "unmasked": only the sequences and the next-sentence label; the pipeline masks them afresh each time.
+    """
+    if layout not in ("masked", "unmasked"):
+        raise ValueError(f"layout must be 'masked' or 'unmasked', got {layout!r}")
     spec = {name: tf.io.FixedLenFeature([max_seq_length], tf.int64) for name in _SEQUENCE_FEATURES}
-    spec["masked_lm_positions"] = tf.io.FixedLenFeature([max_predictions_per_seq], tf.int64)
-    spec["masked_lm_ids"] = tf.io.FixedLenFeature([max_predictions_per_seq], tf.int64)
-    spec["masked_lm_weights"] = tf.io.FixedLenFeature([max_predictions_per_seq], tf.float32)
+    if layout == "masked":
+        spec["masked_lm_positions"] = tf.io.FixedLenFeature([max_predictions_per_seq], tf.int64)
+        spec["masked_lm_ids"] = tf.io.FixedLenFeature([max_predictions_per_seq], tf.int64)
+        spec["masked_lm_weights"] = tf.io.FixedLenFeature([max_predictions_per_seq], tf.float32)
     spec["next_sentence_labels"] = tf.io.FixedLenFeature([1], tf.int64)
     return spec
 
@@ -55,11 +71,9 @@ def expand_globs(patterns: str, *, flag: str = _INPUT_FILES_FLAG) -> list[str]:
     return sorted(files)
 
 
-def check_record_layout(path: str, max_seq_length: int, max_predictions_per_seq: int) -> None:
-    """Compares the first record of `path` with the configured lengths.
-
-    A mismatch would otherwise surface as an opaque parse error deep inside tf.data, or not at all.
-    """
+def _first_example(path: str) -> tf.train.Example:
+    """The first record of `path`, through TF's own reader: slow to start, but it checks CRCs and says what is
+    wrong with a file that is not a TFRecord file."""
     try:
         first = list(tf.data.TFRecordDataset(path).take(1).as_numpy_iterator())
     except tf.errors.OpError as error:
@@ -74,18 +88,55 @@ def check_record_layout(path: str, max_seq_length: int, max_predictions_per_seq:
             raise ValueError(f"{path} is not a TFRecord file: its {size} bytes hold no complete record")
         raise ValueError(f"{path} holds no records; remove it from the input globs or regenerate it")
     try:
-        example = tf.train.Example.FromString(first[0])
+        return tf.train.Example.FromString(first[0])
     except Exception as error:  # protobuf's DecodeError type depends on the protobuf backend
         raise ValueError(f"the first record of {path} is not a tf.train.Example ({error}); "
                          "expected the output of create_pretraining_data.py") from error
 
-    features = example.features.feature
+
+def _layout_of(features) -> str:
+    # A record with any masked_lm_* feature, or without the label the unmasked layout needs, is held to the
+    # original layout, so that its errors name what create_pretraining_data.py would have written.
+    if any(name in features for name in _PREDICTION_FEATURES) or "next_sentence_labels" not in features:
+        return "masked"
+    return "unmasked"
+
+
+def record_format(path: str) -> str:
+    """The layout of `path` from its first record: "masked" (static masks, the original layout) or "unmasked".
+
+    The record is read straight from the file, about a thousand times faster than through a TFRecordDataset, which
+    counts when every shard of a large corpus is checked; anything unexpected goes through TF's reader, which
+    explains the problem.
+    """
+    try:
+        with tf.io.gfile.GFile(path, "rb") as file:
+            header = file.read(12)  # uint64 length, then a CRC of the length
+            length = int.from_bytes(header[:8], "little")
+            if len(header) == 12 and length <= _MAX_PEEK_BYTES:
+                payload = file.read(length)
+                if len(payload) == length:
+                    return _layout_of(tf.train.Example.FromString(payload).features.feature)
+    except Exception:  # pylint: disable=broad-except  (the checked reader below reports it properly)
+        pass
+    return _layout_of(_first_example(path).features.feature)
+
+
+def check_record_layout(path: str, max_seq_length: int, max_predictions_per_seq: int) -> str:
+    """Compares the first record of `path` with the configured lengths; returns its layout (see `record_format`).
+
+    A mismatch would otherwise surface as an opaque parse error deep inside tf.data, or not at all.
+    """
+    features = _first_example(path).features.feature
+    layout = _layout_of(features)
     expected = {name: (spec.shape[0], spec.dtype)
-                for name, spec in feature_spec(max_seq_length, max_predictions_per_seq).items()}
+                for name, spec in feature_spec(max_seq_length, max_predictions_per_seq, layout).items()}
     for name, (expected_length, dtype) in expected.items():
         if name not in features:
             raise ValueError(f"{path} has no feature {name!r} (it has {sorted(features)}); "
-                             "expected the original BERT pretraining layout written by create_pretraining_data.py")
+                             "expected the original BERT pretraining layout written by create_pretraining_data.py, "
+                             "or the unmasked layout for dynamic masking (input_ids, input_mask, segment_ids, "
+                             "next_sentence_labels)")
         kind = "float_list" if dtype == tf.float32 else "int64_list"
         if features[name].WhichOneof("kind") != kind:
             raise ValueError(f"{path}: feature {name!r} is a {features[name].WhichOneof('kind')}, expected {kind}")
@@ -100,6 +151,19 @@ def check_record_layout(path: str, max_seq_length: int, max_predictions_per_seq:
                 fix = "regenerate the data with create_pretraining_data.py"
             raise ValueError(f"{path}: feature {name!r} has length {found_length} but the config expects "
                              f"{expected_length}; {fix}")
+    return layout
+
+
+def _check_one_layout(files: list[str], first_layout: str, flag: str) -> None:
+    """One glob must hold one layout: the two parse to different features, so one batch cannot mix them."""
+    examples = {first_layout: files[0]}
+    with concurrent.futures.ThreadPoolExecutor(max_workers=16) as pool:  # threads hide remote (gs://) latency
+        for path, layout in zip(files[1:], pool.map(record_format, files[1:])):
+            examples.setdefault(layout, path)
+    if len(examples) > 1:
+        raise ValueError(f"{flag} mixes masked records (e.g. {examples['masked']}, with masked_lm_* features) and "
+                         f"unmasked records (e.g. {examples['unmasked']}, without them); point {flag} at one kind, "
+                         "or regenerate the shards so that all of them are masked or all unmasked")
 
 
 def _parse_batch(serialized, spec):
@@ -110,27 +174,57 @@ def _parse_batch(serialized, spec):
     return batch
 
 
+
+
+def _use_dynamic_masking(masking: str, layout: str, flag: str) -> bool:
+    if masking not in _MASKING_MODES:
+        raise ValueError(f"--config.data.masking={masking!r} is not one of {_MASKING_MODES}: 'auto' masks unmasked "
+                         "records dynamically and keeps the masks of masked ones, 'static' requires masked records, "
+                         "'dynamic' re-masks every record each time it is read")
+    if masking == "static" and layout == "unmasked":
+        raise ValueError(f"{flag} holds unmasked records (no masked_lm_* features) but --config.data.masking is "
+                         "'static'; set it to 'dynamic' or 'auto' to mask them in the input pipeline")
+    return masking == "dynamic" or layout == "unmasked"
+
+
+
+
 def tfrecord_dataset(patterns: str, *, batch_size: int, max_seq_length: int, max_predictions_per_seq: int,
                      training: bool, seed: int, process_index: int = 0, process_count: int = 1,
                      shuffle_buffer: int = 10000, num_parallel_reads: int = 8,
-                     flag: str = _INPUT_FILES_FLAG) -> tf.data.Dataset:
+                     flag: str = _INPUT_FILES_FLAG, masking: str = "auto", masked_lm_prob: float = 0.15,
+                     special_ids=(PAD_ID, CLS_ID, SEP_ID, MASK_ID), whole_word_continuation=None,
+                     vocab_size: int | None = None) -> tf.data.Dataset:
     """Batches of this process's share of the records in `patterns`; `batch_size` is per process.
 
     Training shuffles (seeded), interleaves files and repeats forever; evaluation reads a fixed order once.
     Partial batches are dropped, so every batch has exactly `batch_size` rows.
+
+    `masking`: "auto" keeps the masks of masked records and masks unmasked ones dynamically; "static" requires
+    masked records; "dynamic" masks every record afresh each time it is read (masked records get their original
+    tokens back first). Dynamic masks depend on (seed, process_index, batch number) only, so a run is repeatable
+    while every batch, and every epoch, gets new ones. Dynamic masking needs `vocab_size`, for the random
+    replacements; `whole_word_continuation` (numpy bool [vocab_size], True for "##" pieces) masks whole words.
     """
     if not 0 <= process_index < process_count:
         raise ValueError(f"process_index={process_index} is outside [0, process_count={process_count})")
     files = expand_globs(patterns, flag=flag)
-    check_record_layout(files[0], max_seq_length, max_predictions_per_seq)
+    layout = check_record_layout(files[0], max_seq_length, max_predictions_per_seq)
+    _check_one_layout(files, layout, flag)
+    dynamic = _use_dynamic_masking(masking, layout, flag)
+    if dynamic:
+        check_masking_args(masked_lm_prob, vocab_size, special_ids, whole_word_continuation)
+    elif whole_word_continuation is not None:
+        logging.warning("input %s: the records carry static masks, so whole-word masking has no effect", patterns)
 
     # Whole files per process when there are enough of them (each reads only its own); otherwise every process
     # reads everything in the same order and keeps every process_count-th record.
     shard_records = len(files) < process_count
     if not shard_records:
         files = files[process_index::process_count]
-    logging.info("input %s: process %d/%d reads %d file(s)%s", patterns, process_index, process_count, len(files),
-                 " and shards records" if shard_records else "")
+    logging.info("input %s: process %d/%d reads %d file(s)%s, %s records, %s masking", patterns, process_index,
+                 process_count, len(files), " and shards records" if shard_records else "", layout,
+                 "dynamic" if dynamic else "static")
 
     file_dataset = tf.data.Dataset.from_tensor_slices(files)
     if training and not shard_records:
@@ -149,10 +243,26 @@ def tfrecord_dataset(patterns: str, *, batch_size: int, max_seq_length: int, max
     if training:
         records = records.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
 
-    spec = feature_spec(max_seq_length, max_predictions_per_seq)
+    spec = feature_spec(max_seq_length, max_predictions_per_seq, layout)
     dataset = records.batch(batch_size, drop_remainder=True)
-    # Parsing a whole batch at once is one vectorised op rather than batch_size small ones.
-    dataset = dataset.map(lambda serialized: _parse_batch(serialized, spec), num_parallel_calls=tf.data.AUTOTUNE)
+    # Parsing (and masking) a whole batch at once is a few vectorised ops rather than batch_size small ones.
+    if dynamic:
+        # Processes differ in the seed's second word, batches in the fold-in of their number.
+        process_seed = tf.constant([seed, process_index], tf.int64)
+        continuation = None if whole_word_continuation is None else tf.constant(whole_word_continuation, tf.bool)
+
+        def parse_and_mask(batch_number, serialized):
+            batch = _parse_batch(serialized, spec)
+            if layout == "masked":
+                batch = restore_original_tokens(batch)
+            return dynamic_mask(batch, max_predictions_per_seq=max_predictions_per_seq,
+                                masked_lm_prob=masked_lm_prob, vocab_size=vocab_size, special_ids=special_ids,
+                                seed=tf.random.experimental.stateless_fold_in(process_seed, batch_number),
+                                whole_word_continuation=continuation)
+
+        dataset = dataset.enumerate().map(parse_and_mask, num_parallel_calls=tf.data.AUTOTUNE)
+    else:
+        dataset = dataset.map(lambda serialized: _parse_batch(serialized, spec), num_parallel_calls=tf.data.AUTOTUNE)
     dataset = dataset.prefetch(tf.data.AUTOTUNE)
 
     # A resumed or repeated run must see the same batches for the same seed.
@@ -269,10 +379,15 @@ def check_batch(batch: dict[str, np.ndarray], *, vocab_size: int, source: str) -
 
 
 def make_iterator(data_config, *, split: str, batch_size: int, vocab_size: int, seed: int, process_index: int = 0,
-                  process_count: int = 1) -> Iterator[dict[str, np.ndarray]]:
+                  process_count: int = 1, whole_word_continuation=None,
+                  tokenizer_vocab_size: int | None = None) -> Iterator[dict[str, np.ndarray]]:
     """This process's batches for `split` ("train" or "eval") from the source named in `data_config`.
 
-    Training is endless; the caller decides how many eval batches to take.
+    Training is endless; the caller decides how many eval batches to take. `vocab_size` is the model's embedding
+    rows, which every id must stay below. Dynamic masking draws its random replacements from the tokenizer's
+    vocabulary, [0, tokenizer_vocab_size) (default vocab_size): pass the real size where the model pads its
+    vocabulary, so that no replacement is a padding row. With data.whole_word_mask it also needs
+    `whole_word_continuation` (numpy bool [tokenizer_vocab_size], True for the tokenizer's "##" pieces).
     """
     if split not in ("train", "eval"):
         raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
@@ -284,6 +399,14 @@ def make_iterator(data_config, *, split: str, batch_size: int, vocab_size: int, 
                                  seed=seed if training else seed + 1, process_index=process_index)
     if data_config.source == "tfrecord":
         patterns = data_config.input_files if training else data_config.eval_input_files
+        whole_word_mask = data_config.get("whole_word_mask", False)
+        if tokenizer_vocab_size is not None and not 0 < tokenizer_vocab_size <= vocab_size:
+            raise ValueError(f"tokenizer_vocab_size={tokenizer_vocab_size} must lie in [1, vocab_size={vocab_size}]: "
+                             "the model's vocabulary must hold every token id; set --config.model.vocab_size")
+        if whole_word_mask and whole_word_continuation is None:
+            raise ValueError("--config.data.whole_word_mask=True needs the tokenizer's continuation table: pass "
+                             "whole_word_continuation (bool per vocabulary id, True for '##' pieces) to "
+                             "make_iterator, or set --config.data.whole_word_mask=False")
         dataset = tfrecord_dataset(
             patterns,
             batch_size=batch_size,
@@ -296,6 +419,11 @@ def make_iterator(data_config, *, split: str, batch_size: int, vocab_size: int, 
             shuffle_buffer=data_config.shuffle_buffer,
             num_parallel_reads=data_config.num_parallel_reads,
             flag=_INPUT_FILES_FLAG if training else _EVAL_INPUT_FILES_FLAG,
+            masking=data_config.get("masking", "auto"),
+            masked_lm_prob=data_config.get("masked_lm_prob", 0.15),
+            special_ids=tuple(data_config.get("special_ids", (PAD_ID, CLS_ID, SEP_ID, MASK_ID))),
+            whole_word_continuation=whole_word_continuation if whole_word_mask else None,
+            vocab_size=tokenizer_vocab_size or vocab_size,
         )
         return _checked(dataset.as_numpy_iterator(), vocab_size=vocab_size, source=patterns)
     raise ValueError(f"unknown --config.data.source={data_config.source!r}; choose 'synthetic' or 'tfrecord'")

@@ -77,8 +77,10 @@ def validate_config(config, num_devices: int, process_count: int = 1) -> None:
     if not 0 < data.max_predictions_per_seq <= data.max_seq_length:
         raise ValueError(f"--config.data.max_predictions_per_seq={data.max_predictions_per_seq} must be in "
                          f"[1, data.max_seq_length={data.max_seq_length}]")
-    if data.source not in ("synthetic", "tfrecord"):
-        raise ValueError(f"--config.data.source={data.source!r}: choose 'synthetic' or 'tfrecord'")
+    if data.source not in ("corpus", "synthetic", "tfrecord"):
+        raise ValueError(f"--config.data.source={data.source!r}: choose 'corpus', 'synthetic' or 'tfrecord'")
+    if data.source == "corpus" and not data.corpus:
+        raise ValueError("--config.data.source=corpus needs --config.data.corpus (text globs, tfds:NAME or demo)")
     if data.source == "tfrecord" and not data.input_files:
         raise ValueError("--config.data.source=tfrecord needs --config.data.input_files=GLOB[,GLOB...]")
 
@@ -298,7 +300,12 @@ def train_and_evaluate(config, workdir: str) -> dict[str, float]:
     """Runs the whole pretraining job described by `config`; returns the last logged metrics."""
     # Imported here so the step functions above (and the benchmark) work where TensorFlow is not installed.
     from bert_jax import input_pipeline
+    from bert_jax import tokenization
+    from bert_jax import workdir_data
     validate_config(config, jax.device_count(), jax.process_count())
+    if config.data.source == "corpus":
+        workdir_data.prepare(config, workdir)  # makes WORKDIR/data once, then reads it as TFRecords
+        validate_config(config, jax.device_count(), jax.process_count())
     model_config = model_lib.BertConfig.from_config(config.model)
     model = model_lib.BertForPreTraining(model_config)
     mesh = sharding_lib.create_mesh(config.mesh)
@@ -309,9 +316,14 @@ def train_and_evaluate(config, workdir: str) -> dict[str, float]:
     logging.info("mesh %s over %d devices (%s), %d processes", dict(mesh.shape), jax.device_count(),
                  jax.devices()[0].device_kind, jax.process_count())
 
-    make_iterator = functools.partial(input_pipeline.make_iterator, data, batch_size=local_batch_size,
-                                      vocab_size=model_config.vocab_size, process_index=jax.process_index(),
-                                      process_count=jax.process_count())
+    # The tokenizer, where known, bounds dynamic masking's random replacements (the model's vocab may be padded)
+    # and tells whole-word masking which pieces continue a word.
+    tokenizer = tokenization.load_tokenizer(data.vocab_file) if data.vocab_file else None
+    make_iterator = functools.partial(
+        input_pipeline.make_iterator, data, batch_size=local_batch_size, vocab_size=model_config.vocab_size,
+        process_index=jax.process_index(), process_count=jax.process_count(),
+        tokenizer_vocab_size=tokenizer.vocab_size if tokenizer else None,
+        whole_word_continuation=tokenizer.is_continuation if tokenizer else None)
     train_batches = make_iterator(split="train", seed=train.seed)
     writer = _MetricWriter(workdir)
     flops_per_step = model_lib.model_flops_per_sequence(

@@ -2,6 +2,9 @@
 
 Pick a preset with `--config=configs/pretrain.py:size=base` (tiny, mini, small, medium, base, large) and override any
 field with `--config.optim.learning_rate=1e-4`. Several options may be combined: `:size=tiny,data=synthetic`.
+Data options: `data=corpus` (the default: make pretraining data from `data.corpus` — the offline demo corpus unless
+overridden — into the workdir, then train on it), `data=tfrecord` (existing TFRecords in the original layout),
+`data=synthetic` (random batches, for smoke runs and benchmarks).
 The config is locked, so a misspelt override is an error rather than a silently ignored flag.
 """
 
@@ -19,7 +22,7 @@ MODEL_PRESETS = {
 
 
 def _parse_arg(arg):
-    options = {"size": "tiny", "data": "synthetic"}
+    options = {"size": "tiny", "data": "corpus"}
     for item in filter(None, (arg or "").split(",")):
         key, sep, value = item.partition("=")
         if not sep:  # a bare word is the size, as in `configs/pretrain.py:base`
@@ -29,8 +32,8 @@ def _parse_arg(arg):
         options[key] = value
     if options["size"] not in MODEL_PRESETS:
         raise ValueError(f"configs/pretrain.py: unknown size {options['size']!r}; choose one of {list(MODEL_PRESETS)}")
-    if options["data"] not in ("synthetic", "tfrecord"):
-        raise ValueError(f"configs/pretrain.py: unknown data {options['data']!r}; choose synthetic or tfrecord")
+    if options["data"] not in ("corpus", "synthetic", "tfrecord"):
+        raise ValueError(f"configs/pretrain.py: unknown data {options['data']!r}; choose corpus, synthetic or tfrecord")
     return options
 
 
@@ -91,7 +94,20 @@ def get_config(arg=None):
     optim.grad_accum_steps = 1  # micro-batches per optimizer step; must divide the per-device batch
 
     config.data = data = ml_collections.ConfigDict()
-    data.source = options["data"]  # "synthetic" or "tfrecord"
+    data.source = options["data"]  # "corpus" (make data from data.corpus first), "tfrecord" or "synthetic"
+    # With source=corpus: pretraining data is made once into WORKDIR/data (reused by later runs in the workdir).
+    data.corpus = "demo"  # comma-separated text globs (local or gs://), "tfds:NAME[:SPLIT][:FIELD]", or "demo"
+    data.corpus_format = "lines"  # "lines" (one sentence per line, blank line between documents) or "paragraphs"
+    data.vocab_file = ""  # vocab.txt / SentencePiece .model / tokenizer dir; empty trains one from the corpus
+    data.tokenizer = "wordpiece"  # kind trained when vocab_file is empty: wordpiece, sentencepiece_unigram, sentencepiece_bpe
+    data.tokenizer_vocab_size = 8192  # size of a trained vocab (the model pads it to a multiple of 128)
+    data.do_lower_case = True  # lower-case (and strip accents) before tokenising
+    data.dupe_factor = 1  # passes over the corpus when making instances (dynamic masking varies masks anyway)
+    data.eval_every_nth_document = 50  # every n-th corpus document is held out for evaluation; 0 = no held-out set
+    data.masking = "auto"  # "auto" (static if the records carry masks, else dynamic), "static" or "dynamic"
+    data.masked_lm_prob = 0.15  # fraction of tokens predicted (dynamic masking and data creation)
+    data.whole_word_mask = False  # mask all WordPieces of a word together
+    data.special_ids = (0, 101, 102, 103)  # [PAD], [CLS], [SEP], [MASK] ids; set from the tokenizer for source=corpus
     data.input_files = ""  # comma-separated globs of training TFRecords (local or gs://), for source=tfrecord
     data.eval_input_files = ""  # comma-separated globs of held-out TFRecords; empty means no evaluation
     data.max_seq_length = 128  # input_ids length in the records
@@ -108,6 +124,10 @@ def get_config(arg=None):
     train.seed = 0  # seeds initialisation, dropout, shuffling and synthetic data
     train.peak_flops_per_device = 0.0  # for MFU; 0 means look the device kind up (unknown kinds print no MFU)
 
+    if options["size"] == "tiny":
+        # The default run: 200 steps on the demo corpus, long enough for MLM accuracy to climb visibly.
+        optim.learning_rate = 1e-3
+        optim.warmup_steps = 20
     if options["size"] in ("base", "large"):
         train.batch_size = 256
         optim.warmup_steps = 10000

@@ -75,3 +75,37 @@ def test_console_script_refuses_a_misspelt_override(tmp_path):
     result = _run(["--config=configs/pretrain.py", "--config.optim.learning_rat=1e-4"], tmp_path, (program,))
     assert result.returncode != 0
     assert "learning_rat" in result.stderr
+
+
+@pytest.mark.slow
+def test_default_run_makes_data_from_the_demo_corpus_then_reuses_it(tmp_path):
+    args = ["--config=configs/pretrain.py", "--config.train.num_steps=4", "--config.train.log_every=2",
+            "--config.train.eval_every=4", "--config.train.eval_steps=1", *COMMON]
+    result = _run(args, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    ready = json.loads((tmp_path / "data" / "READY.json").read_text())
+    assert ready["special_ids"] == [0, 2, 3, 4]  # a trained vocab puts [PAD] [CLS] [SEP] [MASK] at fixed ids
+    assert ready["stats"]["train"]["instances"] > 1000
+    assert "dynamic masking" in result.stderr  # unmasked training records, masked in tf.data
+    metrics = _metrics(tmp_path)
+    assert "eval_mlm_accuracy" in metrics[-1]
+    # A second run in the same workdir reuses the data; a different data setting is refused, not mixed in.
+    again = _run([*args, "--config.train.num_steps=2"], tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "reusing pretraining data" in again.stderr
+    changed = _run([*args, "--config.data.masked_lm_prob=0.2"], tmp_path)
+    assert changed.returncode != 0
+    assert "masked_lm_prob differ" in changed.stderr
+
+
+@pytest.mark.slow
+def test_run_on_a_text_corpus_with_the_original_vocab_and_whole_word_masking(tmp_path):
+    result = _run(["--config=configs/pretrain.py:size=tiny,data=corpus", "--config.train.num_steps=3",
+                   "--config.train.log_every=3", f"--config.data.corpus={helpers.FIXTURES}/sample_text.txt",
+                   f"--config.data.vocab_file={helpers.FIXTURES}/vocab_uncased.txt",
+                   "--config.data.whole_word_mask=True", "--config.data.eval_every_nth_document=0", *COMMON], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    ready = json.loads((tmp_path / "data" / "READY.json").read_text())
+    assert ready["special_ids"] == [0, 101, 102, 103]
+    assert ready["eval_files"] == ""
+    assert "model.vocab_size 30522 -> 30592" in result.stderr

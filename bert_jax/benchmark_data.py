@@ -1,0 +1,183 @@
+"""Benchmark of pretraining-data creation: this project's tool against the original google-research/bert one.
+
+    python -m bert_jax.benchmark_data [--original_dir=/path/to/google-research-bert-checkout]
+
+Builds a ~1.1 MB corpus in the original layout from the offline demo corpus, runs ours (all cores, static masking,
+seq 128, 20 predictions, dupe_factor 5, the uncased BERT vocab) and, with --original_dir, the original
+create_pretraining_data.py with the same flags; then ours again on a ~10x larger corpus (the demo documents
+repeated in shuffled orders) to show that peak memory does not grow with the corpus. Every run is a subprocess:
+wall time includes interpreter and library start-up, and peak memory is the largest sum of resident set sizes of
+the process and all its children, sampled every 50 ms.
+"""
+
+import json
+import os
+import random
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+from absl import app
+from absl import flags
+import psutil
+
+from bert_jax import corpus
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_VOCAB = os.path.join(ROOT, "tests", "fixtures", "google_bert", "vocab_uncased.txt")
+# The flags both tools get: the original's README example, with dupe_factor 5.
+COMMON_FLAGS = ["--do_lower_case=True", "--max_seq_length=128", "--max_predictions_per_seq=20",
+                "--masked_lm_prob=0.15", "--random_seed=12345", "--dupe_factor=5"]
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("original_dir", None, "Directory holding the original bert/ package (create_pretraining_data.py "
+                    "and tokenization.py); runs it for comparison when set.")
+flags.DEFINE_string("vocab_file", DEFAULT_VOCAB, "WordPiece vocab.txt for both tools.")
+flags.DEFINE_string("work_dir", None, "Where corpora and outputs go (default: a temporary directory, removed).")
+flags.DEFINE_float("corpus_mb", 1.1, "Size of the small corpus in MB (cut at a document boundary).")
+flags.DEFINE_integer("scale", 10, "The large corpus is this many shuffled copies of the demo documents' prefix.")
+flags.DEFINE_integer("num_workers", None, "Worker processes for ours (default: all cores).")
+flags.DEFINE_integer("documents_per_chunk", 100, "Ours: documents per chunk. Small enough that the small corpus "
+                     "makes several chunks, so that every core has work.")
+flags.DEFINE_bool("original_on_large", False, "Also run the original on the large corpus (slow, memory-hungry).")
+
+
+def _documents(text: str) -> list[str]:
+    return [document for document in text.split("\n\n") if document.strip()]
+
+
+def build_corpora(work_dir: str, corpus_mb: float, scale: int) -> tuple[str, str]:
+    """The small corpus (a prefix of the demo documents) and the large one (`scale` shuffled copies of it)."""
+    documents = _documents(corpus.demo_corpus_text())
+    limit = int(corpus_mb * 1e6)
+    small, size = [], 0
+    for document in documents:
+        if size >= limit:
+            break
+        small.append(document)
+        size += len(document.encode("utf-8")) + 2
+    small_path = os.path.join(work_dir, "corpus_small.txt")
+    with open(small_path, "w", encoding="utf-8") as stream:
+        stream.write("".join(document + "\n\n" for document in small))
+    large_path = os.path.join(work_dir, "corpus_large.txt")
+    with open(large_path, "w", encoding="utf-8") as stream:
+        for copy in range(scale):
+            shuffled = list(small)
+            random.Random(copy).shuffle(shuffled)
+            stream.write("".join(document + "\n\n" for document in shuffled))
+    return small_path, large_path
+
+
+def _tree_rss(process: psutil.Process) -> int:
+    total = 0
+    for member in [process, *process.children(recursive=True)]:
+        try:
+            total += member.memory_info().rss
+        except psutil.Error:  # exited between listing and reading
+            pass
+    return total
+
+
+def measure(command: list[str], cwd: str, env: dict) -> tuple[float, int]:
+    """Runs `command`; returns (wall seconds, peak resident bytes of its process tree). Raises on failure."""
+    # stderr goes to a file: a pipe nobody reads would fill up with the original's logging and stall it.
+    with tempfile.TemporaryFile() as log:
+        started = time.perf_counter()
+        child = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=log)
+        process = psutil.Process(child.pid)
+        peak = 0
+        while child.poll() is None:
+            try:
+                peak = max(peak, _tree_rss(process))
+            except psutil.Error:
+                pass
+            time.sleep(0.05)
+        wall = time.perf_counter() - started
+        if child.returncode:
+            log.seek(0)
+            raise RuntimeError(f"{' '.join(command)} failed ({child.returncode}):\n"
+                               f"{log.read().decode(errors='replace')[-3000:]}")
+    return wall, peak
+
+
+def count_records(path: str) -> int:
+    """Records in a TFRecord file, from its framing alone (no TensorFlow import in the benchmark process)."""
+    count = 0
+    with open(path, "rb") as stream:
+        while header := stream.read(12):
+            (length,) = struct.unpack("<Q", header[:8])
+            stream.seek(length + 4, os.SEEK_CUR)
+            count += 1
+    return count
+
+
+def run_ours(corpus_path: str, output_dir: str, vocab_file: str, num_workers: int | None,
+             documents_per_chunk: int) -> dict:
+    command = [sys.executable, "-m", "bert_jax.pretraining_data", f"--input_file={corpus_path}",
+               f"--output_dir={output_dir}", f"--vocab_file={vocab_file}", *COMMON_FLAGS,
+               f"--documents_per_chunk={documents_per_chunk}", "--noprogress", "--overwrite"]
+    if num_workers is not None:
+        command.append(f"--num_workers={num_workers}")
+    wall, peak = measure(command, ROOT, dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    with open(os.path.join(output_dir, "metadata.json"), encoding="utf-8") as stream:
+        instances = json.load(stream)["stats"]["instances"]
+    return {"wall_s": wall, "peak_rss": peak, "instances": instances}
+
+
+def run_original(original_dir: str, corpus_path: str, output_file: str, vocab_file: str) -> dict:
+    command = [sys.executable, "-m", "bert.create_pretraining_data", f"--input_file={corpus_path}",
+               f"--output_file={output_file}", f"--vocab_file={vocab_file}", *COMMON_FLAGS]
+    env = dict(os.environ, PYTHONPATH=os.path.abspath(original_dir), TF_CPP_MIN_LOG_LEVEL="2")
+    wall, peak = measure(command, os.path.abspath(original_dir), env)
+    return {"wall_s": wall, "peak_rss": peak, "instances": count_records(output_file)}
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    if FLAGS.original_dir and not os.path.isfile(os.path.join(FLAGS.original_dir, "bert",
+                                                              "create_pretraining_data.py")):
+        raise app.UsageError(f"--original_dir={FLAGS.original_dir}: no bert/create_pretraining_data.py in it")
+    work_dir = FLAGS.work_dir or tempfile.mkdtemp(prefix="benchmark_data_")
+    os.makedirs(work_dir, exist_ok=True)
+    try:
+        small, large = build_corpora(work_dir, FLAGS.corpus_mb, FLAGS.scale)
+        rows = []
+
+        def add(name, corpus_path, result):
+            result.update(name=name, corpus_mb=os.path.getsize(corpus_path) / 1e6)
+            rows.append(result)
+            print(f"  done: {name} on {result['corpus_mb']:.1f} MB in {result['wall_s']:.1f} s", flush=True)
+
+        ours = lambda path, tag: run_ours(path, os.path.join(work_dir, tag), FLAGS.vocab_file, FLAGS.num_workers,
+                                          FLAGS.documents_per_chunk)
+        if FLAGS.original_dir:
+            add("original", small, run_original(FLAGS.original_dir, small, os.path.join(work_dir, "original.tfrecord"),
+                                                FLAGS.vocab_file))
+        add("ours", small, ours(small, "ours_small"))
+        if FLAGS.original_dir and FLAGS.original_on_large:
+            add("original", large, run_original(FLAGS.original_dir, large,
+                                                os.path.join(work_dir, "original_large.tfrecord"), FLAGS.vocab_file))
+        add("ours", large, ours(large, "ours_large"))
+    finally:
+        if not FLAGS.work_dir:
+            shutil.rmtree(work_dir, ignore_errors=True)
+
+    workers = FLAGS.num_workers if FLAGS.num_workers is not None else os.cpu_count()
+    print(f"\n{os.cpu_count()} cores; ours: {workers} workers, documents_per_chunk={FLAGS.documents_per_chunk}; "
+          f"both: {' '.join(COMMON_FLAGS)}")
+    baseline = next((row for row in rows if row["name"] == "original"), None)
+    print(f"{'tool':<9} {'corpus MB':>9} {'wall s':>8} {'instances':>10} {'inst/s':>9} {'peak RSS MB':>12} "
+          f"{'speed-up':>9}")
+    for row in rows:
+        rate = row["instances"] / row["wall_s"]
+        speedup = f"{rate / (baseline['instances'] / baseline['wall_s']):.1f}x" if baseline else "-"
+        print(f"{row['name']:<9} {row['corpus_mb']:>9.2f} {row['wall_s']:>8.2f} {row['instances']:>10} "
+              f"{rate:>9.0f} {row['peak_rss'] / 2**20:>12.0f} {speedup:>9}")
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,149 @@
+"""Pretraining data made inside a run's workdir, for `data.source=corpus` (the default run).
+
+corpus (`data.corpus`) -> held-out split by document -> tokenizer (trained on the training split, or
+`data.vocab_file`) -> unmasked training instances (masked dynamically by the input pipeline, fresh masks every
+epoch) and statically masked evaluation instances (fixed masks, so evaluations are comparable) in WORKDIR/data.
+
+It runs once: later runs in the same workdir (a resumed run, say) find WORKDIR/data/READY.json and reuse the data,
+as long as the data settings match. Only process 0 builds; the others wait for it. For corpora that do not fit
+comfortably on one disk twice, run `python -m bert_jax.pretraining_data` separately and train with
+`data.source=tfrecord`.
+"""
+
+import json
+import os
+
+from absl import logging
+import jax
+
+from bert_jax import corpus as corpus_lib
+from bert_jax import pretraining_data
+from bert_jax import tokenization
+
+READY_FILE = "READY.json"
+TOKENIZER_KINDS = ("wordpiece", "sentencepiece_unigram", "sentencepiece_bpe")
+# config.data fields whose change means the data must be made again.
+_SETTINGS = ("corpus", "corpus_format", "vocab_file", "tokenizer", "tokenizer_vocab_size", "do_lower_case",
+             "dupe_factor", "eval_every_nth_document", "max_seq_length", "max_predictions_per_seq",
+             "masked_lm_prob", "whole_word_mask")
+
+
+def _settings(config) -> dict:
+    return {**{name: config.data[name] for name in _SETTINGS}, "seed": config.train.seed}
+
+
+def _split_corpus(source: str, text_format: str, every_nth: int, text_dir: str) -> dict[str, str]:
+    """Writes the corpus in the original layout as train.txt and eval.txt (every n-th document held out)."""
+    import tensorflow as tf  # gs:// workdirs
+    tf.io.gfile.makedirs(text_dir)
+    paths = {"train": os.path.join(text_dir, "train.txt"), "eval": os.path.join(text_dir, "eval.txt")}
+    stats = corpus_lib.CorpusStats()
+    with tf.io.gfile.GFile(paths["train"], "w") as train_file, tf.io.gfile.GFile(paths["eval"], "w") as eval_file:
+        for index, document in enumerate(corpus_lib.iter_documents(source, text_format=text_format, stats=stats)):
+            held_out = every_nth > 0 and index % every_nth == every_nth - 1
+            (eval_file if held_out else train_file).write("\n".join(document) + "\n\n")
+    if stats.skipped_lines:
+        logging.warning("corpus %s: skipped %d lines that are not valid UTF-8", source, stats.skipped_lines)
+    logging.info("corpus %s: %d documents, %d sentences, %d characters", source, stats.documents, stats.sentences,
+                 stats.characters)
+    return paths
+
+
+def _iter_lines(path: str):
+    import tensorflow as tf
+    with tf.io.gfile.GFile(path, "r") as file:
+        for line in file:
+            line = line.strip()
+            if line:
+                yield line
+
+
+def _make_tokenizer(data_config, train_text: str, output_dir: str) -> tokenization.Tokenizer:
+    if data_config.vocab_file:
+        tokenizer = tokenization.load_tokenizer(data_config.vocab_file, do_lower_case=data_config.do_lower_case)
+    elif data_config.tokenizer == "wordpiece":
+        tokenizer = tokenization.train_wordpiece(_iter_lines(train_text), vocab_size=data_config.tokenizer_vocab_size,
+                                                 output_dir=output_dir, do_lower_case=data_config.do_lower_case)
+    elif data_config.tokenizer in ("sentencepiece_unigram", "sentencepiece_bpe"):
+        tokenizer = tokenization.train_sentencepiece(
+            _iter_lines(train_text), vocab_size=data_config.tokenizer_vocab_size, output_dir=output_dir,
+            model_type=data_config.tokenizer.split("_")[1], do_lower_case=data_config.do_lower_case)
+    else:
+        raise ValueError(f"--config.data.tokenizer={data_config.tokenizer!r}: choose one of {TOKENIZER_KINDS}")
+    tokenizer.save(output_dir)
+    return tokenizer
+
+
+def _build(config, data_dir: str) -> dict:
+    data = config.data
+    text = _split_corpus(data.corpus, data.corpus_format, data.eval_every_nth_document, os.path.join(data_dir, "text"))
+    tokenizer_dir = os.path.join(data_dir, "tokenizer")
+    tokenizer = _make_tokenizer(data, text["train"], tokenizer_dir)
+    logging.info("tokenizer: %s, %d entries", tokenizer.kind, tokenizer.vocab_size)
+    common = dict(max_seq_length=data.max_seq_length, max_predictions_per_seq=data.max_predictions_per_seq,
+                  masked_lm_prob=data.masked_lm_prob, whole_word_mask=data.whole_word_mask, seed=config.train.seed)
+    summaries = {}
+    summaries["train"] = pretraining_data.create_pretraining_data(
+        text["train"], tokenizer_dir, os.path.join(data_dir, "train"),
+        pretraining_data.DataOptions(dupe_factor=data.dupe_factor, masking="none", **common),
+        num_shards=4, prefix="train", progress=False, overwrite=True)
+    eval_pattern = ""
+    if data.eval_every_nth_document > 0:
+        try:
+            summaries["eval"] = pretraining_data.create_pretraining_data(
+                text["eval"], tokenizer_dir, os.path.join(data_dir, "eval"),
+                pretraining_data.DataOptions(dupe_factor=1, masking="static", **common),
+                num_shards=1, prefix="eval", progress=False, overwrite=True)
+            eval_pattern = os.path.join(data_dir, "eval", "eval-*.tfrecord")
+        except ValueError as error:  # a corpus too small to hold out any document
+            logging.warning("no held-out evaluation data: %s", error)
+    return {"settings": _settings(config), "tokenizer_dir": tokenizer_dir,
+            "train_files": os.path.join(data_dir, "train", "train-*.tfrecord"), "eval_files": eval_pattern,
+            "tokenizer_vocab_size": tokenizer.vocab_size,
+            "special_ids": [tokenizer.pad_id, tokenizer.cls_id, tokenizer.sep_id, tokenizer.mask_id],
+            "stats": {split: summary.get("stats", {}) for split, summary in summaries.items()}}
+
+
+def prepare(config, workdir: str) -> None:
+    """Makes (or reuses) WORKDIR/data for `config` and points `config.data` / `config.model.vocab_size` at it.
+
+    Afterwards `data.source` is "tfrecord", `data.input_files` / `eval_input_files` name the shards, `data.vocab_file`
+    the tokenizer, `data.special_ids` its ids, and `model.vocab_size` the tokenizer's size padded to a multiple of
+    128 (the extra rows are never produced by the data).
+    """
+    import tensorflow as tf
+    data_dir = os.path.join(workdir, "data")
+    ready_path = os.path.join(data_dir, READY_FILE)
+    if jax.process_index() == 0:
+        ready = None
+        if tf.io.gfile.exists(ready_path):
+            with tf.io.gfile.GFile(ready_path) as file:
+                ready = json.load(file)
+            if ready["settings"] != _settings(config):
+                changed = sorted(k for k in ready["settings"] if ready["settings"][k] != _settings(config).get(k))
+                raise ValueError(f"{data_dir} was made with other data settings ({', '.join(changed)} differ); "
+                                 "use a new --workdir, delete that directory, or train on it with the old settings")
+            logging.info("reusing pretraining data in %s", data_dir)
+        else:
+            logging.info("making pretraining data from %s into %s", config.data.corpus, data_dir)
+            ready = _build(config, data_dir)
+            with tf.io.gfile.GFile(ready_path + ".tmp", "w") as file:
+                json.dump(ready, file, indent=2)
+            tf.io.gfile.rename(ready_path + ".tmp", ready_path, overwrite=True)  # written last: marks the data done
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+        multihost_utils.sync_global_devices("bert_jax workdir data ready")
+    with tf.io.gfile.GFile(ready_path) as file:
+        ready = json.load(file)
+
+    padded = tokenization.padded_vocab_size(ready["tokenizer_vocab_size"])
+    if config.model.vocab_size != padded:
+        logging.info("model.vocab_size %d -> %d (tokenizer's %d entries padded to a multiple of 128)",
+                     config.model.vocab_size, padded, ready["tokenizer_vocab_size"])
+        config.model.vocab_size = padded
+    data = config.data
+    data.source = "tfrecord"
+    data.input_files = ready["train_files"]
+    data.eval_input_files = ready["eval_files"]
+    data.vocab_file = ready["tokenizer_dir"]
+    data.special_ids = tuple(ready["special_ids"])

@@ -13,10 +13,10 @@ chunk's instances. Every random draw happens in the original's order, so:
   * a larger corpus is the original algorithm applied per chunk. The one difference: a "random next" segment B
     for next-sentence prediction is drawn from another document of the same chunk, not of the whole corpus.
 
-Chunks are independent, so worker processes handle them in parallel while the parent streams the corpus and
-writes records round-robin into `num_shards` files (`{prefix}-00000-of-0000N.tfrecord`); at most a few chunks per
-worker are in flight, so memory does not grow with the corpus. The same seed, corpus and documents_per_chunk give
-the same bytes for any num_workers, and the same set of records for any num_shards.
+Worker processes handle chunks in parallel while the parent streams the corpus and deals records round-robin
+into `num_shards` files; with at most two chunks per worker in flight, memory does not grow with the corpus. The
+same seed, corpus and documents_per_chunk give the same bytes for any num_workers, the same records for any
+num_shards.
 
 Beyond the original:
   * sentence_order_prediction (ALBERT's SOP): B is always the text that really follows A; with probability 0.5
@@ -44,6 +44,7 @@ import time
 from typing import Callable, Iterable, Iterator, NamedTuple, Sequence
 
 from absl import logging
+import tqdm
 
 from bert_jax import corpus
 from bert_jax import tokenization
@@ -110,28 +111,18 @@ class TrainingInstance(NamedTuple):
 
 def truncate_seq_pair(tokens_a: list[int], tokens_b: list[int], max_num_tokens: int, rng: random.Random) -> None:
     """Trims the longer of the two lists (front or back, at random) until both fit; in place."""
-    len_a, len_b = len(tokens_a), len(tokens_b)
-    front_a = back_a = front_b = back_b = 0
+    lengths = [len(tokens_a), len(tokens_b)]
+    cuts = [0, 0, 0, 0]  # front of A, back of A, front of B, back of B
     draw = rng.random
     # Counting first and slicing once gives the same result as deleting one token per draw, without the
-    # quadratic cost of repeated `del list[0]` on a very long sentence.
-    while len_a + len_b > max_num_tokens:
-        if len_a > len_b:
-            if draw() < 0.5:
-                front_a += 1
-            else:
-                back_a += 1
-            len_a -= 1
-        else:
-            if draw() < 0.5:
-                front_b += 1
-            else:
-                back_b += 1
-            len_b -= 1
-    if front_a or back_a:
-        tokens_a[:] = tokens_a[front_a:front_a + len_a]
-    if front_b or back_b:
-        tokens_b[:] = tokens_b[front_b:front_b + len_b]
+    # quadratic cost of repeated `del tokens[0]` on a very long sentence.
+    while lengths[0] + lengths[1] > max_num_tokens:
+        side = 0 if lengths[0] > lengths[1] else 1
+        cuts[2 * side + (draw() >= 0.5)] += 1
+        lengths[side] -= 1
+    for side, tokens in enumerate((tokens_a, tokens_b)):
+        if lengths[side] < len(tokens):
+            tokens[:] = tokens[cuts[2 * side]:cuts[2 * side] + lengths[side]]
 
 
 # Bit lengths of small ints, looked up instead of calling int.bit_length in the innermost loop.
@@ -163,22 +154,21 @@ def _shuffle(items: list, rng: random.Random) -> None:
         items[i], items[j] = items[j], items[i]
 
 
-def _check_random_internals() -> None:
-    # random's internals are not a documented interface: if this Python's differ, keep its own shuffle.
-    global _shuffle, _randbelow
+def _same_as_random_module() -> bool:
+    # random's internals are no documented interface: should another Python draw differently, use its own shuffle.
+    ours, theirs = random.Random(1), random.Random(1)
     for size in (0, 1, 2, 3, 17, 128, 1000):
-        ours, theirs = list(range(size)), list(range(size))
-        ours_rng, theirs_rng = random.Random(size), random.Random(size)
-        _shuffle(ours, ours_rng)
-        theirs_rng.shuffle(theirs)
-        same = ours == theirs and _randbelow(ours_rng.getrandbits, 30522 + size) == theirs_rng.randint(0, 30521 + size)
-        if not same or ours_rng.getstate() != theirs_rng.getstate():
-            _shuffle = lambda items, rng: rng.shuffle(items)  # noqa: E731
-            _randbelow = lambda getrandbits, n: getrandbits.__self__.randrange(n)  # noqa: E731
-            return
+        items, expected = list(range(size)), list(range(size))
+        _shuffle(items, ours)
+        theirs.shuffle(expected)
+        if items != expected or _randbelow(ours.getrandbits, 30522 + size) != theirs.randint(0, 30521 + size):
+            return False
+    return ours.getstate() == theirs.getstate()
 
 
-_check_random_internals()
+if not _same_as_random_module():
+    _shuffle = lambda items, rng: rng.shuffle(items)  # noqa: E731
+    _randbelow = lambda getrandbits, n: getrandbits.__self__.randrange(n)  # noqa: E731
 
 
 def create_masked_lm_predictions(input_ids: Sequence[int], rng: random.Random, *, masked_lm_prob: float,
@@ -356,71 +346,42 @@ def _small_int_payload(values: Sequence[int]) -> bytes:
     return payload if payload.isascii() else _int_payload(values)
 
 
-class _ExampleEncoder:
-    """Serializes instances for one (max_seq_length, max_predictions_per_seq); everything that depends only on
-    lengths or counts is built once and cached."""
-
-    def __init__(self, max_seq_length: int, max_predictions_per_seq: int):
-        self.max_seq_length = max_seq_length
-        self.max_predictions_per_seq = max_predictions_per_seq
-        self._headers: dict = {}
-        self._fixed_entries: dict = {}
-        self._labels = [self._entry("next_sentence_labels", _INT64_LIST, _VARINTS[label]) for label in (0, 1)]
-
-    def _entry(self, name: str, kind: int, payload: bytes) -> bytes:
-        key = (name, len(payload))
-        header = self._headers.get(key)
-        if header is None:
-            header = self._headers[key] = _entry_header(name, kind, len(payload))
-        return header + payload
-
-    def _fixed(self, name: str, count: int, pad: int) -> bytes:
-        # input_mask and masked_lm_weights depend only on how many real values they hold.
-        key = (name, count)
-        entry = self._fixed_entries.get(key)
-        if entry is None:
-            if name == "input_mask":
-                entry = self._entry(name, _INT64_LIST, b"\x01" * count + b"\x00" * pad)
-            else:
-                entry = self._entry(name, _FLOAT_LIST, _FLOAT_ONE * count + _FLOAT_ZERO * pad)
-            self._fixed_entries[key] = entry
-        return entry
-
-    def __call__(self, instance: TrainingInstance) -> bytes:
-        length = len(instance.input_ids)
-        pad = self.max_seq_length - length
-        if pad < 0:
-            raise ValueError(f"instance of {length} tokens is longer than max_seq_length={self.max_seq_length}")
-        zeros = b"\x00" * pad  # varint 0
-        entries = [self._entry("input_ids", _INT64_LIST, _int_payload(instance.input_ids) + zeros),
-                   self._fixed("input_mask", length, pad),
-                   self._entry("segment_ids", _INT64_LIST, _small_int_payload(instance.segment_ids) + zeros)]
-        if instance.masked_lm_positions is not None:
-            count = len(instance.masked_lm_positions)
-            prediction_pad = self.max_predictions_per_seq - count
-            if prediction_pad < 0:
-                raise ValueError(f"instance has {count} masked positions, more than max_predictions_per_seq="
-                                 f"{self.max_predictions_per_seq}")
-            zeros = b"\x00" * prediction_pad
-            entries += [
-                self._entry("masked_lm_positions", _INT64_LIST,
-                            _small_int_payload(instance.masked_lm_positions) + zeros),
-                self._entry("masked_lm_ids", _INT64_LIST, _int_payload(instance.masked_lm_ids) + zeros),
-                self._fixed("masked_lm_weights", count, prediction_pad)]
-        entries.append(self._labels[instance.next_sentence_label])
-        body = b"".join(entries)
-        return b"\x0a" + (_VARINTS[len(body)] if len(body) < len(_VARINTS) else _varint(len(body))) + body
+_entry_headers: dict = {}
 
 
-@functools.lru_cache(maxsize=16)
-def _encoder(max_seq_length: int, max_predictions_per_seq: int) -> _ExampleEncoder:
-    return _ExampleEncoder(max_seq_length, max_predictions_per_seq)
+def _entry(name: str, kind: int, payload: bytes) -> bytes:
+    # A header depends only on the feature and the payload length: build each one once.
+    header = _entry_headers.get((name, len(payload)))
+    if header is None:
+        header = _entry_headers[name, len(payload)] = _entry_header(name, kind, len(payload))
+    return header + payload
 
 
 def serialize_example(instance: TrainingInstance, *, max_seq_length: int, max_predictions_per_seq: int) -> bytes:
     """A tf.train.Example in the original layout and feature order, padded to the given lengths. Unmasked instances
     (positions None) get only input_ids, input_mask, segment_ids and next_sentence_labels."""
-    return _encoder(max_seq_length, max_predictions_per_seq)(instance)
+    length = len(instance.input_ids)
+    pad = max_seq_length - length
+    if pad < 0:
+        raise ValueError(f"instance of {length} tokens is longer than max_seq_length={max_seq_length}")
+    zeros = b"\x00" * pad  # varint 0
+    entries = [_entry("input_ids", _INT64_LIST, _int_payload(instance.input_ids) + zeros),
+               _entry("input_mask", _INT64_LIST, b"\x01" * length + zeros),
+               _entry("segment_ids", _INT64_LIST, _small_int_payload(instance.segment_ids) + zeros)]
+    if instance.masked_lm_positions is not None:
+        count = len(instance.masked_lm_positions)
+        pad = max_predictions_per_seq - count
+        if pad < 0:
+            raise ValueError(f"instance has {count} masked positions, more than max_predictions_per_seq="
+                             f"{max_predictions_per_seq}")
+        zeros = b"\x00" * pad
+        positions = _small_int_payload(instance.masked_lm_positions)
+        entries += [_entry("masked_lm_positions", _INT64_LIST, positions + zeros),
+                    _entry("masked_lm_ids", _INT64_LIST, _int_payload(instance.masked_lm_ids) + zeros),
+                    _entry("masked_lm_weights", _FLOAT_LIST, _FLOAT_ONE * count + _FLOAT_ZERO * pad)]
+    entries.append(_entry("next_sentence_labels", _INT64_LIST, _VARINTS[instance.next_sentence_label]))
+    body = b"".join(entries)
+    return b"\x0a" + (_VARINTS[len(body)] if len(body) < len(_VARINTS) else _varint(len(body))) + body
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -467,7 +428,8 @@ class ChunkProcessor:
         rng = random.Random(chunk_seed(options.seed, chunk_index))
         _shuffle(all_documents, rng)
         records = []
-        encode = _encoder(options.max_seq_length, options.max_predictions_per_seq)
+        encode = functools.partial(serialize_example, max_seq_length=options.max_seq_length,
+                                   max_predictions_per_seq=options.max_predictions_per_seq)
         instances = tokens = predictions = random_next = 0
         for _ in range(options.dupe_factor):
             for document_index in range(len(all_documents)):
@@ -564,12 +526,6 @@ def _check_arguments(num_shards, num_workers, documents_per_chunk, prefix) -> No
         raise ValueError(f"prefix={prefix!r} (--prefix): must be a plain file-name prefix such as 'train'")
 
 
-def _progress_bar(enabled: bool):
-    from tqdm import tqdm  # pylint: disable=import-outside-toplevel
-    return tqdm(unit=" docs", desc="documents", file=sys.stderr, dynamic_ncols=True,
-                disable=not (enabled and sys.stderr.isatty()))
-
-
 def create_pretraining_data(source: str, tokenizer_path: str, output_dir: str, options: DataOptions, *,
                             num_shards: int = 1, num_workers: int | None = None, documents_per_chunk: int = 2000,
                             text_format: str = "lines", prefix: str = "train", progress: bool = True,
@@ -632,7 +588,8 @@ def _create(source, tokenizer, output_dir, options, pool, started, *, num_shards
             # Two chunks per worker keep every worker busy while the parent writes, and bound memory.
             results = _ordered_bounded_map(pool, _run_in_worker, tasks, 2 * num_workers)
         next_writer = 0
-        with _progress_bar(progress) as bar:
+        with tqdm.tqdm(unit=" docs", desc="documents", file=sys.stderr, dynamic_ncols=True,
+                       disable=not (progress and sys.stderr.isatty())) as bar:
             for records, chunk_stats in results:
                 for offset in range(num_shards):
                     write = writers[(next_writer + offset) % num_shards].write
@@ -665,42 +622,25 @@ def _create(source, tokenizer, output_dir, options, pool, started, *, num_shards
 
     tokenizer.save(_join(output_dir, TOKENIZER_DIR))
     elapsed = time.perf_counter() - started
+    static = options.masking == "static"
     metadata = {
-        "format": "masked" if options.masking == "static" else "unmasked",
-        "features": list(MASKED_FEATURES if options.masking == "static" else UNMASKED_FEATURES),
-        "max_seq_length": options.max_seq_length,
-        "max_predictions_per_seq": options.max_predictions_per_seq,
-        "masked_lm_prob": options.masked_lm_prob,
-        "short_seq_prob": options.short_seq_prob,
-        "whole_word_mask": options.whole_word_mask,
-        "sentence_order_prediction": options.sentence_order_prediction,
+        "format": "masked" if static else "unmasked",
+        "features": list(MASKED_FEATURES if static else UNMASKED_FEATURES),
+        **{field: value for field, value in dataclasses.asdict(options).items() if field != "masking"},
         "next_sentence_labels": ("0 = original order, 1 = A and B swapped" if options.sentence_order_prediction
                                  else "0 = B follows A, 1 = B is from a random document"),
-        "dupe_factor": options.dupe_factor,
-        "seed": options.seed,
-        "num_shards": num_shards,
-        "documents_per_chunk": documents_per_chunk,
-        "source": source,
-        "text_format": text_format,
-        "prefix": prefix,
-        "files": [posixpath.basename(path) for path in final_paths],
+        "num_shards": num_shards, "documents_per_chunk": documents_per_chunk, "source": source,
+        "text_format": text_format, "prefix": prefix, "files": [posixpath.basename(path) for path in final_paths],
         "tokenizer": {"kind": tokenizer.kind, "vocab_size": tokenizer.vocab_size,
                       "do_lower_case": tokenizer.do_lower_case, **tokenizer.special_ids, "directory": TOKENIZER_DIR},
         "stats": {
-            "files": corpus_stats.files,
-            "documents": totals["documents"],
-            "sentences": totals["sentences"],
-            "skipped_lines": corpus_stats.skipped_lines,
+            "files": corpus_stats.files, "skipped_lines": corpus_stats.skipped_lines,
             "characters": corpus_stats.characters,
-            "chunks": totals["chunks"],
-            "instances": totals["instances"],
-            "tokens": totals["tokens"],
-            "predictions": totals["predictions"],
+            **{key: totals[key] for key in ("documents", "sentences", "chunks", "instances", "tokens", "predictions")},
             # Predictions per real token ([CLS] and [SEP] included, as in the original's count).
             "masked_fraction": totals["predictions"] / totals["tokens"],
-            "nsp_random_fraction": totals["random_next"] / totals["instances"],
-            "elapsed_s": round(elapsed, 3),
-            "instances_per_s": round(totals["instances"] / elapsed, 1),
+            "nsp_random_fraction": totals["random_next"] / totals["instances"],  # the share of label 1
+            "elapsed_s": round(elapsed, 3), "instances_per_s": round(totals["instances"] / elapsed, 1),
         },
     }
     with tf.io.gfile.GFile(metadata_path(output_dir, prefix), "w") as stream:
@@ -729,18 +669,18 @@ def _define_flags() -> None:
     flags.DEFINE_bool("do_lower_case", None, "Lower-case the text (default: True for vocab.txt, the saved "
                       "setting for a tokenizer directory, False for a .model).")
     flags.DEFINE_bool("do_whole_word_mask", defaults.whole_word_mask, "Mask all pieces of a word together.")
-    flags.DEFINE_integer("max_seq_length", defaults.max_seq_length, "Maximum sequence length.")
-    flags.DEFINE_integer("max_predictions_per_seq", defaults.max_predictions_per_seq,
-                         "Maximum number of masked LM predictions per sequence.")
     flags.DEFINE_integer("random_seed", defaults.seed, "Random seed for data generation.")
-    flags.DEFINE_integer("dupe_factor", defaults.dupe_factor, "Passes over the data, with different masks.")
-    flags.DEFINE_float("masked_lm_prob", defaults.masked_lm_prob, "Masked LM probability.")
-    flags.DEFINE_float("short_seq_prob", defaults.short_seq_prob,
-                       "Probability of aiming at a sequence shorter than the maximum length.")
+    for name, define, about in (
+            ("max_seq_length", flags.DEFINE_integer, "Maximum sequence length."),
+            ("max_predictions_per_seq", flags.DEFINE_integer, "Maximum masked LM predictions per sequence."),
+            ("dupe_factor", flags.DEFINE_integer, "Passes over the data, with different masks."),
+            ("masked_lm_prob", flags.DEFINE_float, "Masked LM probability."),
+            ("short_seq_prob", flags.DEFINE_float, "Probability of aiming at a shorter sequence."),
+            ("sentence_order_prediction", flags.DEFINE_bool, "ALBERT's sentence-order labels (1 = swapped)."),
+    ):
+        define(name, getattr(defaults, name), about)
     flags.DEFINE_enum("masking", defaults.masking, list(MASKING_MODES),
                       "'static' writes masks; 'none' writes unmasked records for dynamic masking.")
-    flags.DEFINE_bool("sentence_order_prediction", defaults.sentence_order_prediction,
-                      "ALBERT's sentence-order labels (1 = swapped) instead of next-sentence labels.")
     flags.DEFINE_integer("num_shards", 1, "Output files; records are dealt round-robin.")
     flags.DEFINE_integer("num_workers", None, "Worker processes (default: all cores; 0 = in this process).")
     flags.DEFINE_integer("documents_per_chunk", 2000, "Documents processed together (the original algorithm's "
@@ -757,23 +697,20 @@ def _main(argv) -> None:
     from absl import app, flags  # pylint: disable=import-outside-toplevel
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    flag_values = flags.FLAGS
-    options = DataOptions(
-        max_seq_length=flag_values.max_seq_length, max_predictions_per_seq=flag_values.max_predictions_per_seq,
-        masked_lm_prob=flag_values.masked_lm_prob, short_seq_prob=flag_values.short_seq_prob,
-        dupe_factor=flag_values.dupe_factor, whole_word_mask=flag_values.do_whole_word_mask,
-        sentence_order_prediction=flag_values.sentence_order_prediction, masking=flag_values.masking,
-        seed=flag_values.random_seed)
+    values = flags.FLAGS
+    same_names = ("max_seq_length", "max_predictions_per_seq", "masked_lm_prob", "short_seq_prob", "dupe_factor",
+                  "sentence_order_prediction", "masking")
+    options = DataOptions(whole_word_mask=values.do_whole_word_mask, seed=values.random_seed,
+                          **{name: values[name].value for name in same_names})
     try:
         options.validate()
     except ValueError as error:
         raise app.UsageError(str(error)) from None
-    create_pretraining_data(
-        flag_values.input_file, flag_values.vocab_file, flag_values.output_dir, options,
-        num_shards=flag_values.num_shards, num_workers=flag_values.num_workers,
-        documents_per_chunk=flag_values.documents_per_chunk, text_format=flag_values.text_format,
-        prefix=flag_values.prefix, progress=flag_values.progress, overwrite=flag_values.overwrite,
-        do_lower_case=flag_values.do_lower_case)
+    create_pretraining_data(values.input_file, values.vocab_file, values.output_dir, options,
+                            num_shards=values.num_shards, num_workers=values.num_workers,
+                            documents_per_chunk=values.documents_per_chunk, text_format=values.text_format,
+                            prefix=values.prefix, progress=values.progress, overwrite=values.overwrite,
+                            do_lower_case=values.do_lower_case)
 
 
 if __name__ == "__main__":

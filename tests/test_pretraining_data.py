@@ -273,12 +273,16 @@ def test_next_sentence_labels_are_balanced_and_true(static_runs, long_document_c
     labels = np.array([example["next_sentence_labels"][0] for example in examples])
     assert summary["stats"]["nsp_random_fraction"] == pytest.approx(labels.mean())
     streams = _document_streams(long_document_corpus, tokenizer)
-    for example, label in list(zip(examples, labels))[:300]:
+    random_pairs = random_pairs_that_follow = 0
+    for example, label in list(zip(examples, labels))[:400]:
         first, second = _segments({**example, "input_ids": _original_ids(example)[0]})
         if label == 0:  # B is the text right after A (truncation only trims the outer ends)
             assert _follows(streams, first, second)
-        elif min(first.count(" "), second.count(" ")) > 8:  # B comes from another document (long enough to tell)
-            assert not any(first in stream and second in stream for stream in streams)
+        elif min(first.count(" "), second.count(" ")) > 8:  # long enough to tell where they come from
+            random_pairs += 1
+            random_pairs_that_follow += _follows(streams, first, second)
+    # The demo text repeats some sentences in several places, so a random B can, rarely, also follow A.
+    assert random_pairs > 50 and random_pairs_that_follow <= 0.05 * random_pairs
 
 
 def test_whole_word_masking_keeps_words_together(static_runs, tokenizer):
@@ -334,19 +338,27 @@ def test_same_seed_same_bytes_for_any_workers_and_shards(small_corpus, tmp_path)
     in_process = _make(small_corpus, tmp_path / "a", options, num_workers=0, documents_per_chunk=10)
     assert in_process["stats"]["chunks"] == 4
     _make(small_corpus, tmp_path / "b", options, num_workers=2, documents_per_chunk=10)
-    _make(small_corpus, tmp_path / "c", options, num_workers=2, documents_per_chunk=10, num_shards=3)
+    _make(small_corpus, tmp_path / "c", options, num_workers=2, documents_per_chunk=10, num_shards=4)
     single = _records(tmp_path / "a" / "train-00000-of-00001.tfrecord")
     assert pathlib.Path(tmp_path / "b" / "train-00000-of-00001.tfrecord").read_bytes() == \
         pathlib.Path(tmp_path / "a" / "train-00000-of-00001.tfrecord").read_bytes()
-    shards = [_records(tmp_path / "c" / f"train-{index:05d}-of-00003.tfrecord") for index in range(3)]
-    # Round-robin: shard k holds records k, k+3, ... of the one-file order; so the same multiset of records.
-    assert shards == [single[index::3] for index in range(3)]
+    shards = [_records(tmp_path / "c" / f"train-{index:05d}-of-00004.tfrecord") for index in range(4)]
+    # Round-robin across chunk boundaries: shard k holds records k, k+4, ... of the one-file order.
+    assert shards == [single[index::4] for index in range(4)]
     assert collections.Counter(sum(shards, [])) == collections.Counter(single)
 
     different_seed = _make(small_corpus, tmp_path / "d", DataOptions(dupe_factor=2, seed=100), documents_per_chunk=10)
     other = _records(tmp_path / "d" / "train-00000-of-00001.tfrecord")
     assert other != single and len(set(other) & set(single)) < len(single) // 10
     assert different_seed["stats"]["documents"] == in_process["stats"]["documents"] == 40
+
+
+def test_chunk_seeds_are_distinct_and_stable():
+    # Chunk 0 is seeded exactly like the original tool; the others from a string, hashed with SHA-512 by random,
+    # so the values below hold on every run and machine (PYTHONHASHSEED plays no part).
+    assert pretraining_data.chunk_seed(12345, 0) == 12345
+    draws = [random.Random(pretraining_data.chunk_seed(12345, index)).random() for index in range(1, 50)]
+    assert draws[:2] == [0.5019036358008617, 0.772379500264701] and len(set(draws)) == len(draws)
 
 
 def test_metadata_and_tokenizer_describe_the_data(small_corpus, tmp_path, tokenizer):
@@ -483,6 +495,22 @@ def test_existing_shards_are_never_overwritten_unless_asked(tmp_path):
     assert sorted(os.path.basename(p) for p in glob.glob(str(tmp_path / "train-*"))) == \
         ["train-00000-of-00001.tfrecord"]  # the stale 3-shard set is gone
     assert json.loads((tmp_path / "metadata.json").read_text())["dupe_factor"] == 2
+
+
+def test_document_filter_and_a_failed_run_leaves_nothing_behind(small_corpus, tmp_path):
+    kept = _make(small_corpus, tmp_path / "even", DataOptions(dupe_factor=1), document_filter=lambda i: i % 2 == 0,
+                 documents_per_chunk=10)
+    assert kept["stats"]["documents"] == 20
+
+    def failing_filter(index):
+        if index == 25:
+            raise RuntimeError("filter failed at document 25")
+        return True
+
+    with pytest.raises(RuntimeError, match="document 25"):
+        _make(small_corpus, tmp_path / "failed", DataOptions(dupe_factor=1), document_filter=failing_filter,
+              documents_per_chunk=10, num_workers=2, num_shards=2)
+    assert os.listdir(tmp_path / "failed") == []  # neither shards nor their temporary files
 
 
 @pytest.mark.parametrize("field,value", [("max_seq_length", 4), ("masking", "dynamic"), ("masked_lm_prob", 0.0),

@@ -14,6 +14,9 @@ INSTALL_REQUIRES = [
     "tensorflow-datasets>=4.9.10,<4.10",
     "importlib_resources>=6",  # imported by tensorflow-datasets 4.9.10 without declaring it
     "sentencepiece>=0.2.0,<0.3",
+    "tokenizers>=0.22,<0.24",  # HuggingFace WordPiece (reproduces the original BERT tokenizer)
+    "tqdm>=4.60,<5",
+    "psutil>=5.9,<8",  # peak-memory figures in the data benchmark
     "absl-py>=2.1,<3",
     "ml-collections>=1.0,<2",
     "numpy>=2.0,<3",
@@ -27,12 +30,14 @@ EXTRAS_REQUIRE = {
         "torch==2.13.0",
         "transformers>=5.0,<6",
         "safetensors>=0.4,<1",
-        "tokenizers>=0.20,<1",
     ],
     # On Cloud TPU VMs: `pip install -e .[tpu]`. Never install it on a CPU-only machine you want to use the CPU of.
     "tpu": ["jax[tpu]>=0.10.2,<0.11"],
     # On NVIDIA GPU hosts.
     "cuda": ["jax[cuda12]>=0.10.2,<0.11"],
+    # Pretraining data for corpora beyond one machine (bert_jax.pretraining_data_beam): Dataflow, Flink, Spark.
+    # Beam pins protobuf < 7, on which only sentencepiece 0.2.0 of the 0.2 series runs.
+    "beam": ["apache-beam[tfrecord]>=2.77,<3", "sentencepiece==0.2.0"],
 }
 
 setuptools.setup(

@@ -369,7 +369,7 @@ def _create(source, tokenizer, output_dir, options, pool, started, *, num_shards
 # Command line: the original tool's flag names where it has them.
 
 
-def _define_flags() -> None:
+def define_flags() -> None:
     # Defined only when run as a program, so importing the library adds nothing to a driver's flags.
     from absl import flags  # pylint: disable=import-outside-toplevel
     defaults = DataOptions()
@@ -426,5 +426,5 @@ def _main(argv) -> None:
 
 if __name__ == "__main__":
     from absl import app as _app  # pylint: disable=import-outside-toplevel
-    _define_flags()
+    define_flags()
     _app.run(_main)

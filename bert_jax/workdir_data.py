@@ -1,15 +1,15 @@
 """Pretraining data made inside a run's workdir, for `data.source=corpus` (the default run).
 
-corpus (`data.corpus`) -> held-out split by document -> tokenizer (trained on the training split, or
-`data.vocab_file`) -> unmasked training instances (masked dynamically by the input pipeline, fresh masks every
+corpus (`data.corpus`, streamed; every n-th document held out) -> tokenizer (trained on the training documents,
+or `data.vocab_file`) -> unmasked training instances (masked dynamically by the input pipeline, fresh masks every
 epoch) and statically masked evaluation instances (fixed masks, so evaluations are comparable) in WORKDIR/data.
 
 It runs once: later runs in the same workdir (a resumed run, say) find WORKDIR/data/READY.json and reuse the data,
-as long as the data settings match. Only process 0 builds; the others wait for it. For corpora that do not fit
-comfortably on one disk twice, run `python -m bert_jax.pretraining_data` separately and train with
-`data.source=tfrecord`.
+as long as the data settings match. Only process 0 builds; the others wait for it. For corpora that need many
+machines, run `bert_jax.pretraining_data_beam` separately and train with `data.source=tfrecord`.
 """
 
+import functools
 import json
 import os
 
@@ -32,41 +32,34 @@ def _settings(config) -> dict:
     return {**{name: config.data[name] for name in _SETTINGS}, "seed": config.train.seed}
 
 
-def _split_corpus(source: str, text_format: str, every_nth: int, text_dir: str) -> dict[str, str]:
-    """Writes the corpus in the original layout as train.txt and eval.txt (every n-th document held out)."""
-    import tensorflow as tf  # gs:// workdirs
-    tf.io.gfile.makedirs(text_dir)
-    paths = {"train": os.path.join(text_dir, "train.txt"), "eval": os.path.join(text_dir, "eval.txt")}
+def _is_held_out(every_nth: int, index: int) -> bool:
+    return every_nth > 0 and index % every_nth == every_nth - 1
+
+
+def _training_sentences(data_config):
+    """The training split's sentences, streamed from the corpus (for training a tokenizer on them)."""
     stats = corpus_lib.CorpusStats()
-    with tf.io.gfile.GFile(paths["train"], "w") as train_file, tf.io.gfile.GFile(paths["eval"], "w") as eval_file:
-        for index, document in enumerate(corpus_lib.iter_documents(source, text_format=text_format, stats=stats)):
-            held_out = every_nth > 0 and index % every_nth == every_nth - 1
-            (eval_file if held_out else train_file).write("\n".join(document) + "\n\n")
+    documents = corpus_lib.iter_documents(data_config.corpus, text_format=data_config.corpus_format, stats=stats)
+    for index, document in enumerate(documents):
+        if not _is_held_out(data_config.eval_every_nth_document, index):
+            yield from document
     if stats.skipped_lines:
-        logging.warning("corpus %s: skipped %d lines that are not valid UTF-8", source, stats.skipped_lines)
-    logging.info("corpus %s: %d documents, %d sentences, %d characters", source, stats.documents, stats.sentences,
-                 stats.characters)
-    return paths
+        logging.warning("corpus %s: skipped %d lines that are not valid UTF-8", data_config.corpus,
+                        stats.skipped_lines)
+    logging.info("corpus %s: %d documents, %d sentences, %d characters", data_config.corpus, stats.documents,
+                 stats.sentences, stats.characters)
 
 
-def _iter_lines(path: str):
-    import tensorflow as tf
-    with tf.io.gfile.GFile(path, "r") as file:
-        for line in file:
-            line = line.strip()
-            if line:
-                yield line
-
-
-def _make_tokenizer(data_config, train_text: str, output_dir: str) -> tokenization.Tokenizer:
+def _make_tokenizer(data_config, output_dir: str) -> tokenization.Tokenizer:
     if data_config.vocab_file:
         tokenizer = tokenization.load_tokenizer(data_config.vocab_file, do_lower_case=data_config.do_lower_case)
     elif data_config.tokenizer == "wordpiece":
-        tokenizer = tokenization.train_wordpiece(_iter_lines(train_text), vocab_size=data_config.tokenizer_vocab_size,
-                                                 output_dir=output_dir, do_lower_case=data_config.do_lower_case)
+        tokenizer = tokenization.train_wordpiece(_training_sentences(data_config),
+                                                 vocab_size=data_config.tokenizer_vocab_size, output_dir=output_dir,
+                                                 do_lower_case=data_config.do_lower_case)
     elif data_config.tokenizer in ("sentencepiece_unigram", "sentencepiece_bpe"):
         tokenizer = tokenization.train_sentencepiece(
-            _iter_lines(train_text), vocab_size=data_config.tokenizer_vocab_size, output_dir=output_dir,
+            _training_sentences(data_config), vocab_size=data_config.tokenizer_vocab_size, output_dir=output_dir,
             model_type=data_config.tokenizer.split("_")[1], do_lower_case=data_config.do_lower_case)
     else:
         raise ValueError(f"--config.data.tokenizer={data_config.tokenizer!r}: choose one of {TOKENIZER_KINDS}")
@@ -76,24 +69,24 @@ def _make_tokenizer(data_config, train_text: str, output_dir: str) -> tokenizati
 
 def _build(config, data_dir: str) -> dict:
     data = config.data
-    text = _split_corpus(data.corpus, data.corpus_format, data.eval_every_nth_document, os.path.join(data_dir, "text"))
     tokenizer_dir = os.path.join(data_dir, "tokenizer")
-    tokenizer = _make_tokenizer(data, text["train"], tokenizer_dir)
+    tokenizer = _make_tokenizer(data, tokenizer_dir)
     logging.info("tokenizer: %s, %d entries", tokenizer.kind, tokenizer.vocab_size)
+    every_nth = data.eval_every_nth_document
     common = dict(max_seq_length=data.max_seq_length, max_predictions_per_seq=data.max_predictions_per_seq,
                   masked_lm_prob=data.masked_lm_prob, whole_word_mask=data.whole_word_mask, seed=config.train.seed)
-    summaries = {}
-    summaries["train"] = pretraining_data.create_pretraining_data(
-        text["train"], tokenizer_dir, os.path.join(data_dir, "train"),
-        pretraining_data.DataOptions(dupe_factor=data.dupe_factor, masking="none", **common),
-        num_shards=4, prefix="train", progress=False, overwrite=True)
+    create = functools.partial(pretraining_data.create_pretraining_data, data.corpus, tokenizer_dir,
+                               text_format=data.corpus_format, progress=False, overwrite=True)
+    summaries = {"train": create(
+        os.path.join(data_dir, "train"), pretraining_data.DataOptions(dupe_factor=data.dupe_factor, masking="none",
+                                                                      **common),
+        num_shards=4, prefix="train", document_filter=lambda index: not _is_held_out(every_nth, index))}
     eval_pattern = ""
-    if data.eval_every_nth_document > 0:
+    if every_nth > 0:
         try:
-            summaries["eval"] = pretraining_data.create_pretraining_data(
-                text["eval"], tokenizer_dir, os.path.join(data_dir, "eval"),
-                pretraining_data.DataOptions(dupe_factor=1, masking="static", **common),
-                num_shards=1, prefix="eval", progress=False, overwrite=True)
+            summaries["eval"] = create(
+                os.path.join(data_dir, "eval"), pretraining_data.DataOptions(dupe_factor=1, masking="static", **common),
+                num_shards=1, prefix="eval", document_filter=functools.partial(_is_held_out, every_nth))
             eval_pattern = os.path.join(data_dir, "eval", "eval-*.tfrecord")
         except ValueError as error:  # a corpus too small to hold out any document
             logging.warning("no held-out evaluation data: %s", error)

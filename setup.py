@@ -17,6 +17,7 @@ INSTALL_REQUIRES = [
     "tokenizers>=0.22,<0.24",  # HuggingFace WordPiece (reproduces the original BERT tokenizer)
     "tqdm>=4.60,<5",
     "psutil>=5.9,<8",  # peak-memory figures in the data benchmark
+    "google-crc32c>=1.5,<2",  # TFRecord framing without importing TensorFlow
     "absl-py>=2.1,<3",
     "ml-collections>=1.0,<2",
     "numpy>=2.0,<3",

@@ -90,32 +90,23 @@ def _counted(documents: Iterable[list[str]], source: str, stats: CorpusStats) ->
 # Files
 
 
-def _tensorflow():
-    # Imported on first use: TensorFlow takes seconds to import, and the demo corpus does not need it.
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
-    return tf
-
-
 def resolve_files(source: str) -> list[str]:
     """Comma-separated globs -> file paths: patterns in the given order, each one's matches sorted, duplicates
     dropped (the first occurrence keeps its place)."""
-    tf = _tensorflow()
+    from bert_jax import fileio  # pylint: disable=import-outside-toplevel  (imported here: this file also runs without site-packages to build the demo corpus)
     patterns = [pattern.strip() for pattern in source.split(",") if pattern.strip()]
     if not patterns:
         raise ValueError(f"corpus source {source!r} names no file: give file paths or globs, 'tfds:NAME' or 'demo'")
     files, seen = [], set()
     for pattern in patterns:
         if any(char in pattern for char in "*?["):
-            try:
-                matches = sorted(tf.io.gfile.glob(pattern))
-            except tf.errors.NotFoundError:
-                matches = []
+            matches = fileio.glob(pattern)
             if not matches:
                 raise FileNotFoundError(f"corpus file pattern {pattern!r} matches no file")
         else:
-            if not tf.io.gfile.exists(pattern):
+            if not fileio.exists(pattern):
                 raise FileNotFoundError(f"corpus file {pattern!r} does not exist")
-            if tf.io.gfile.isdir(pattern):
+            if fileio.isdir(pattern):
                 raise IsADirectoryError(f"corpus file {pattern!r} is a directory: name its files, e.g. "
                                         f"{os.path.join(pattern, '*.txt')!r}")
             matches = [pattern]
@@ -142,9 +133,9 @@ def _iter_byte_lines(stream) -> Iterator[bytes]:
 
 
 def _iter_decoded_lines(path: str, stats: CorpusStats) -> Iterator[str]:
-    tf = _tensorflow()
+    from bert_jax import fileio  # pylint: disable=import-outside-toplevel
     stats.files += 1
-    with tf.io.gfile.GFile(path, "rb") as raw:
+    with fileio.open_file(path, "rb") as raw:
         stream = gzip.GzipFile(fileobj=raw, mode="rb") if path.endswith(".gz") else raw
         warned = False
         for line_number, line in enumerate(_iter_byte_lines(stream), start=1):
@@ -371,8 +362,8 @@ def write_demo_corpus(path: str) -> CorpusStats:
     stats = CorpusStats(files=1)
     for _ in _counted(_documents_from_lines(text.split("\n")), DEMO_SOURCE, stats):
         pass
-    # TensorFlow (seconds to import) is needed only for remote file systems such as gs://.
-    with (_tensorflow().io.gfile.GFile(path, "wb") if "://" in path else open(path, "wb")) as writer:
+    from bert_jax import fileio  # pylint: disable=import-outside-toplevel
+    with fileio.open_file(path, "wb") as writer:
         writer.write(text.encode("utf-8"))
     return stats
 

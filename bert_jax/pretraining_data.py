@@ -45,6 +45,7 @@ from absl import logging
 import tqdm
 
 from bert_jax import corpus
+from bert_jax import fileio
 from bert_jax import instances as instances_lib
 from bert_jax import tokenization
 # The instance algorithm and its encoding, re-exported: this module is the public face of data creation.
@@ -257,8 +258,7 @@ def create_pretraining_data(source: str, tokenizer_path: str, output_dir: str, o
 
     pool = None
     if num_workers > 0:
-        # Not fork: TensorFlow and the tokenizers' thread pools do not survive it. Started before TensorFlow is
-        # imported below, so the workers' start-up overlaps that import.
+        # Not fork: the tokenizers' thread pools (and TensorFlow, where a caller imported it) do not survive it.
         context = multiprocessing.get_context("spawn")
         pool = context.Pool(num_workers, initializer=_init_worker, initargs=(tokenizer, options))
     try:
@@ -273,18 +273,16 @@ def create_pretraining_data(source: str, tokenizer_path: str, output_dir: str, o
 
 def _create(source, tokenizer, output_dir, options, pool, started, *, num_shards, num_workers, documents_per_chunk,
             text_format, prefix, progress, overwrite, document_filter) -> dict:
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel  (seconds to import; workers don't need it)
-
-    existing = sorted(tf.io.gfile.glob(_join(output_dir, f"{prefix}-*-of-*.tfrecord")))
+    existing = fileio.glob(_join(output_dir, f"{prefix}-*-of-*.tfrecord"))
     if existing and not overwrite:
         raise FileExistsError(f"{output_dir} already holds {len(existing)} '{prefix}' shard(s) (e.g. "
                               f"{existing[0]}); refusing to mix or replace data. Fix: choose another output_dir or "
                               "prefix, or pass overwrite=True (--overwrite) to replace them")
-    tf.io.gfile.makedirs(output_dir)
+    fileio.makedirs(output_dir)
     final_paths = shard_paths(output_dir, prefix, num_shards)
     # Written under hidden names and renamed only after success, so a failed run leaves no file that looks whole.
     temporary_paths = [_join(output_dir, f".{posixpath.basename(path)}.incomplete") for path in final_paths]
-    writers = [tf.io.TFRecordWriter(path) for path in temporary_paths]
+    writers = [fileio.TFRecordWriter(path) for path in temporary_paths]
 
     corpus_stats = corpus.CorpusStats()
     totals = collections.Counter()
@@ -320,15 +318,15 @@ def _create(source, tokenizer, output_dir, options, pool, started, *, num_shards
             raise ValueError(f"corpus {source!r}: no instance could be made from {totals['documents']} documents "
                              "(each needs at least two tokens for sentence_order_prediction). Fix: use more text")
         for stale in set(existing) - set(final_paths):
-            tf.io.gfile.remove(stale)
+            fileio.remove(stale)
         for temporary, final in zip(temporary_paths, final_paths):
-            tf.io.gfile.rename(temporary, final, overwrite=True)
+            fileio.rename(temporary, final)
     except BaseException:
         for writer in writers:
             writer.close()
         for path in temporary_paths:
-            if tf.io.gfile.exists(path):
-                tf.io.gfile.remove(path)
+            if fileio.exists(path):
+                fileio.remove(path)
         raise
 
     tokenizer.save(_join(output_dir, TOKENIZER_DIR))
@@ -354,7 +352,7 @@ def _create(source, tokenizer, output_dir, options, pool, started, *, num_shards
             "elapsed_s": round(elapsed, 3), "instances_per_s": round(totals["instances"] / elapsed, 1),
         },
     }
-    with tf.io.gfile.GFile(metadata_path(output_dir, prefix), "w") as stream:
+    with fileio.open_file(metadata_path(output_dir, prefix), "w") as stream:
         stream.write(json.dumps(metadata, indent=2) + "\n")
     stats = metadata["stats"]
     logging.info("wrote %d instances from %d documents (%d sentences, %d non-UTF-8 lines skipped) into %d shard(s) "

@@ -519,3 +519,28 @@ def test_document_filter_and_a_failed_run_leaves_nothing_behind(small_corpus, tm
 def test_bad_options_name_the_field(field, value):
     with pytest.raises(ValueError, match=f"DataOptions.{field}="):
         DataOptions(**{field: value}).validate()
+
+
+def test_hand_framed_tfrecords_equal_tensorflows(tmp_path):
+    from bert_jax import fileio
+    records = [b"", b"x", bytes(range(256)) * 5, "é".encode()]
+    ours, theirs = tmp_path / "ours.tfrecord", tmp_path / "theirs.tfrecord"
+    writer = fileio.TFRecordWriter(str(ours))
+    for record in records:
+        writer.write(record)
+    writer.close()
+    with tf.io.TFRecordWriter(str(theirs)) as reference:
+        for record in records:
+            reference.write(record)
+    assert ours.read_bytes() == theirs.read_bytes()
+    assert list(tf.data.TFRecordDataset(str(ours)).as_numpy_iterator()) == records
+
+
+def test_local_data_creation_does_not_import_tensorflow(tmp_path):
+    # TensorFlow costs seconds and ~600 MB: a local run must not load it in the process feeding the workers.
+    script = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); from bert_jax import pretraining_data as p; "
+              f"p.create_pretraining_data({SAMPLE_TEXT!r}, {VOCAB!r}, {str(tmp_path)!r}, p.DataOptions(dupe_factor=1), "
+              "num_workers=0, progress=False); print('tensorflow' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().splitlines()[-1] == "False"

@@ -93,7 +93,8 @@ def _counted(documents: Iterable[list[str]], source: str, stats: CorpusStats) ->
 def resolve_files(source: str) -> list[str]:
     """Comma-separated globs -> file paths: patterns in the given order, each one's matches sorted, duplicates
     dropped (the first occurrence keeps its place)."""
-    from bert_jax import fileio  # pylint: disable=import-outside-toplevel  (imported here: this file also runs without site-packages to build the demo corpus)
+    # Imported here: this file also runs without site-packages, to build the demo corpus.
+    from bert_jax import fileio  # pylint: disable=import-outside-toplevel
     patterns = [pattern.strip() for pattern in source.split(",") if pattern.strip()]
     if not patterns:
         raise ValueError(f"corpus source {source!r} names no file: give file paths or globs, 'tfds:NAME' or 'demo'")

@@ -7,6 +7,7 @@ reason (length, masked CRC-32C of the length, data, masked CRC-32C of the data),
 
 import glob as glob_lib
 import os
+import posixpath
 import struct
 
 import google_crc32c
@@ -14,6 +15,10 @@ import google_crc32c
 
 def is_remote(path: str) -> bool:
     return "://" in path
+
+
+def join(directory: str, name: str) -> str:
+    return posixpath.join(directory, name) if is_remote(directory) else os.path.join(directory, name)
 
 
 def _gfile():

@@ -214,17 +214,14 @@ def _ordered_bounded_map(pool, function, tasks: Iterable, max_in_flight: int) ->
 # The driver: stream chunks through the workers, write shards, describe the result.
 
 
-def _join(directory: str, name: str) -> str:
-    return posixpath.join(directory, name) if "://" in directory else os.path.join(directory, name)
-
-
 def shard_paths(output_dir: str, prefix: str, num_shards: int) -> list[str]:
-    return [_join(output_dir, f"{prefix}-{index:05d}-of-{num_shards:05d}.tfrecord") for index in range(num_shards)]
+    return [fileio.join(output_dir, f"{prefix}-{index:05d}-of-{num_shards:05d}.tfrecord")
+            for index in range(num_shards)]
 
 
 def metadata_path(output_dir: str, prefix: str = "train") -> str:
     """metadata.json for the default prefix; `{prefix}.metadata.json` for others (e.g. an eval split beside it)."""
-    return _join(output_dir, METADATA_FILE if prefix == "train" else f"{prefix}.{METADATA_FILE}")
+    return fileio.join(output_dir, METADATA_FILE if prefix == "train" else f"{prefix}.{METADATA_FILE}")
 
 
 def _check_arguments(num_shards, num_workers, documents_per_chunk, prefix) -> None:
@@ -273,7 +270,7 @@ def create_pretraining_data(source: str, tokenizer_path: str, output_dir: str, o
 
 def _create(source, tokenizer, output_dir, options, pool, started, *, num_shards, num_workers, documents_per_chunk,
             text_format, prefix, progress, overwrite, document_filter) -> dict:
-    existing = fileio.glob(_join(output_dir, f"{prefix}-*-of-*.tfrecord"))
+    existing = fileio.glob(fileio.join(output_dir, f"{prefix}-*-of-*.tfrecord"))
     if existing and not overwrite:
         raise FileExistsError(f"{output_dir} already holds {len(existing)} '{prefix}' shard(s) (e.g. "
                               f"{existing[0]}); refusing to mix or replace data. Fix: choose another output_dir or "
@@ -281,7 +278,7 @@ def _create(source, tokenizer, output_dir, options, pool, started, *, num_shards
     fileio.makedirs(output_dir)
     final_paths = shard_paths(output_dir, prefix, num_shards)
     # Written under hidden names and renamed only after success, so a failed run leaves no file that looks whole.
-    temporary_paths = [_join(output_dir, f".{posixpath.basename(path)}.incomplete") for path in final_paths]
+    temporary_paths = [fileio.join(output_dir, f".{posixpath.basename(path)}.incomplete") for path in final_paths]
     writers = [fileio.TFRecordWriter(path) for path in temporary_paths]
 
     corpus_stats = corpus.CorpusStats()
@@ -329,7 +326,7 @@ def _create(source, tokenizer, output_dir, options, pool, started, *, num_shards
                 fileio.remove(path)
         raise
 
-    tokenizer.save(_join(output_dir, TOKENIZER_DIR))
+    tokenizer.save(fileio.join(output_dir, TOKENIZER_DIR))
     elapsed = time.perf_counter() - started
     static = options.masking == "static"
     metadata = {

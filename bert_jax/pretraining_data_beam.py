@@ -22,6 +22,7 @@ from absl import flags
 from absl import logging
 
 from bert_jax import corpus
+from bert_jax import fileio
 from bert_jax import pretraining_data
 from bert_jax import tokenization
 
@@ -90,9 +91,8 @@ def run_beam_pipeline(source: str, tokenizer_path: str, output_dir: str, options
                       prefix: str = "train", pipeline_args: list[str] | None = None) -> dict:
     """Runs the pipeline to completion and writes `metadata.json` beside the shards; returns the metadata."""
     beam = _import_beam()
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
     tokenizer = tokenization.load_tokenizer(tokenizer_path)
-    if tf.io.gfile.glob(os.path.join(output_dir, f"{prefix}-*-of-*.tfrecord")):
+    if fileio.glob(fileio.join(output_dir, f"{prefix}-*-of-*.tfrecord")):
         raise FileExistsError(f"{output_dir} already holds {prefix}-*.tfrecord shards; choose another --output_dir "
                               "or --prefix")
     pipeline_options = beam.options.pipeline_options.PipelineOptions(pipeline_args or [])
@@ -110,13 +110,12 @@ def run_beam_pipeline(source: str, tokenizer_path: str, output_dir: str, options
                 **{key: getattr(options, key) for key in ("max_seq_length", "max_predictions_per_seq",
                                                           "masked_lm_prob", "whole_word_mask",
                                                           "sentence_order_prediction", "dupe_factor", "seed")},
-                "num_shards": num_shards, "files": sorted(tf.io.gfile.glob(
-                    os.path.join(output_dir, f"{prefix}-*-of-*.tfrecord"))),
+                "num_shards": num_shards, "files": fileio.glob(fileio.join(output_dir, f"{prefix}-*-of-*.tfrecord")),
                 "tokenizer": {"kind": tokenizer.kind, "vocab_size": tokenizer.vocab_size,
                               "do_lower_case": tokenizer.do_lower_case, **tokenizer.special_ids},
                 "stats": {**stats, "nsp_random_fraction": stats["random_next"] / stats["instances"],
                           "masked_fraction": stats["predictions"] / max(stats["tokens"], 1)}}
-    with tf.io.gfile.GFile(pretraining_data.metadata_path(output_dir, prefix), "w") as stream:
+    with fileio.open_file(pretraining_data.metadata_path(output_dir, prefix), "w") as stream:
         json.dump(metadata, stream, indent=2)
     logging.info("beam: wrote %d instances into %d shards in %s", stats["instances"], num_shards, output_dir)
     return metadata

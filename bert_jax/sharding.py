@@ -125,15 +125,13 @@ def unbox(tree):
     return nn.meta.unbox(tree)
 
 
+def batch_spec(mesh: Mesh, rules) -> PartitionSpec:
+    """PartitionSpec of a [batch, ...] array: the batch dimension over the mesh axes the `batch` rule names."""
+    return PartitionSpec(*nn.logical_to_mesh_axes(("batch",), rules))
+
+
 def batch_sharding(mesh: Mesh, rules) -> NamedSharding:
-    """Sharding of a [batch, ...] input array: the batch dimension over the mesh axes the `batch` rule names."""
-    return NamedSharding(mesh, mesh_spec(("batch",), (data_parallel_size(mesh, rules),), mesh, rules))
-
-
-def data_parallel_size(mesh: Mesh, rules) -> int:
-    """How many ways the batch dimension is split."""
-    axes = dict(rules).get("batch")
-    return _axes_size(mesh, axes)
+    return NamedSharding(mesh, batch_spec(mesh, rules))
 
 
 def make_global_batch(local_batch: dict[str, np.ndarray], sharding: NamedSharding) -> dict[str, jax.Array]:

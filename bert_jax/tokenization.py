@@ -26,6 +26,8 @@ import tokenizers
 from sentencepiece import sentencepiece_model_pb2
 from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
 
+from bert_jax import fileio
+
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 CONFIG_FILE = "tokenizer_config.json"
 WORDPIECE_VOCAB_FILE = "vocab.txt"
@@ -42,45 +44,16 @@ def padded_vocab_size(vocab_size: int, multiple: int = 128) -> int:
     return -(-vocab_size // multiple) * multiple
 
 
-# File access: local paths with plain Python, gs:// through tf.io.gfile (imported only then: TF is slow to import).
-
-
-def _is_remote(path: str) -> bool:
-    return str(path).startswith("gs://")
-
-
-def _gfile():
-    import tensorflow as tf
-    return tf.io.gfile
-
-
-def _join(directory: str, name: str) -> str:
-    return posixpath.join(directory, name) if _is_remote(directory) else os.path.join(directory, name)
-
-
-def _exists(path: str) -> bool:
-    return _gfile().exists(path) if _is_remote(path) else os.path.exists(path)
-
-
-def _isdir(path: str) -> bool:
-    return _gfile().isdir(path) if _is_remote(path) else os.path.isdir(path)
-
-
-def _open(path: str, mode: str):
-    return _gfile().GFile(path, mode) if _is_remote(path) else open(path, mode)
-
-
 def _read_bytes(path: str) -> bytes:
-    with _open(path, "rb") as f:
+    with fileio.open_file(path, "rb") as f:
         return f.read()
 
 
 def _write_bytes(path: str, data: bytes) -> None:
-    if _is_remote(path):
-        _gfile().makedirs(posixpath.dirname(path))
-    elif os.path.dirname(path):
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-    with _open(path, "wb") as f:
+    directory = posixpath.dirname(path) if fileio.is_remote(path) else os.path.dirname(path)
+    if directory:
+        fileio.makedirs(directory)
+    with fileio.open_file(path, "wb") as f:
         f.write(data)
 
 
@@ -139,7 +112,7 @@ class Tokenizer:
         vocab_file = self._save_vocab(directory)
         config = {"kind": self.kind, "do_lower_case": self.do_lower_case, "vocab_file": vocab_file,
                   "vocab_size": self.vocab_size, **self.special_ids}
-        _write_bytes(_join(directory, CONFIG_FILE), (json.dumps(config, indent=2) + "\n").encode("utf-8"))
+        _write_bytes(fileio.join(directory, CONFIG_FILE), (json.dumps(config, indent=2) + "\n").encode("utf-8"))
         return directory
 
     def _save_vocab(self, directory: str) -> str:
@@ -237,7 +210,8 @@ class WordPieceTokenizer(Tokenizer):
         return self._is_continuation.copy()
 
     def _save_vocab(self, directory: str) -> str:
-        _write_bytes(_join(directory, WORDPIECE_VOCAB_FILE), "".join(w + "\n" for w in self._words).encode("utf-8"))
+        _write_bytes(fileio.join(directory, WORDPIECE_VOCAB_FILE),
+                     "".join(w + "\n" for w in self._words).encode("utf-8"))
         return WORDPIECE_VOCAB_FILE
 
 
@@ -314,7 +288,7 @@ class SentencePieceTokenizer(Tokenizer):
         return self._is_continuation.copy()
 
     def _save_vocab(self, directory: str) -> str:
-        _write_bytes(_join(directory, SENTENCEPIECE_MODEL_FILE), self._model_proto)
+        _write_bytes(fileio.join(directory, SENTENCEPIECE_MODEL_FILE), self._model_proto)
         return SENTENCEPIECE_MODEL_FILE
 
 
@@ -332,10 +306,10 @@ def load_tokenizer(path: str, *, do_lower_case: bool | None = None) -> Tokenizer
     and gs:// both work; the tokenizer is cheap to build, so load it once per worker process after the fork.
     """
     path = os.fspath(path)
-    if not _exists(path):
+    if not fileio.exists(path):
         raise FileNotFoundError(f"tokenizer path {path!r} does not exist. Fix: pass a WordPiece vocab.txt, a "
                                 "SentencePiece .model file, or a directory written by Tokenizer.save()")
-    if _isdir(path):
+    if fileio.isdir(path):
         return _load_directory(path, do_lower_case)
     kind = "sentencepiece" if path.endswith(".model") else "wordpiece"
     return _load_file(path, kind, do_lower_case)
@@ -348,9 +322,9 @@ def _load_file(path: str, kind: str, do_lower_case: bool | None) -> Tokenizer:
 
 
 def _load_directory(directory: str, do_lower_case: bool | None) -> Tokenizer:
-    config_path = _join(directory, CONFIG_FILE)
+    config_path = fileio.join(directory, CONFIG_FILE)
     config = {}
-    if _exists(config_path):
+    if fileio.exists(config_path):
         try:
             config = json.loads(_read_bytes(config_path).decode("utf-8"))
         except ValueError as error:
@@ -360,8 +334,8 @@ def _load_directory(directory: str, do_lower_case: bool | None) -> Tokenizer:
     if "kind" not in config:
         # HuggingFace also writes a tokenizer_config.json (with do_lower_case but no "kind"); use its vocab file.
         for kind, name in _FOREIGN_VOCAB_FILES:
-            if _exists(_join(directory, name)):
-                return _load_file(_join(directory, name), kind, do_lower_case)
+            if fileio.exists(fileio.join(directory, name)):
+                return _load_file(fileio.join(directory, name), kind, do_lower_case)
         raise FileNotFoundError(f"{directory}: no {CONFIG_FILE} with a 'kind' field and no vocabulary file "
                                 f"({', '.join(name for _, name in _FOREIGN_VOCAB_FILES)}). Fix: point at a "
                                 "directory written by Tokenizer.save(), or at the vocab file itself")
@@ -369,8 +343,8 @@ def _load_directory(directory: str, do_lower_case: bool | None) -> Tokenizer:
     if kind not in ("wordpiece", "sentencepiece"):
         raise ValueError(f"{config_path}: field 'kind' is {kind!r}; expected 'wordpiece' or 'sentencepiece'")
     default_file = WORDPIECE_VOCAB_FILE if kind == "wordpiece" else SENTENCEPIECE_MODEL_FILE
-    vocab_path = _join(directory, config.get("vocab_file") or default_file)
-    if not _exists(vocab_path):
+    vocab_path = fileio.join(directory, config.get("vocab_file") or default_file)
+    if not fileio.exists(vocab_path):
         raise FileNotFoundError(f"{config_path}: its vocab_file {vocab_path!r} does not exist. Fix: copy the "
                                 "whole directory written by Tokenizer.save()")
     tokenizer = _load_file(vocab_path, kind, do_lower_case)

@@ -134,7 +134,7 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation, schedule
     With grad_accum_steps = k the batch is split into k strided micro-batches (each keeps every device's share of
     rows) whose gradients are summed in a scan; the result equals the whole batch's gradient.
     """
-    batch_axes = sharding_lib.mesh_spec(("batch",), (sharding_lib.data_parallel_size(mesh, rules),), mesh, rules)[0]
+    batch_axes = sharding_lib.batch_spec(mesh, rules)[0]
     grad_fn = make_grad_fn(model, rules)
 
     def train_step(state: TrainState, batch, rng):

@@ -17,6 +17,7 @@ from absl import logging
 import jax
 
 from bert_jax import corpus as corpus_lib
+from bert_jax import fileio
 from bert_jax import pretraining_data
 from bert_jax import tokenization
 
@@ -104,13 +105,12 @@ def prepare(config, workdir: str) -> None:
     the tokenizer, `data.special_ids` its ids, and `model.vocab_size` the tokenizer's size padded to a multiple of
     128 (the extra rows are never produced by the data).
     """
-    import tensorflow as tf
-    data_dir = os.path.join(workdir, "data")
-    ready_path = os.path.join(data_dir, READY_FILE)
+    data_dir = fileio.join(workdir, "data")
+    ready_path = fileio.join(data_dir, READY_FILE)
     if jax.process_index() == 0:
         ready = None
-        if tf.io.gfile.exists(ready_path):
-            with tf.io.gfile.GFile(ready_path) as file:
+        if fileio.exists(ready_path):
+            with fileio.open_file(ready_path) as file:
                 ready = json.load(file)
             if ready["settings"] != _settings(config):
                 changed = sorted(k for k in ready["settings"] if ready["settings"][k] != _settings(config).get(k))
@@ -120,13 +120,13 @@ def prepare(config, workdir: str) -> None:
         else:
             logging.info("making pretraining data from %s into %s", config.data.corpus, data_dir)
             ready = _build(config, data_dir)
-            with tf.io.gfile.GFile(ready_path + ".tmp", "w") as file:
+            with fileio.open_file(ready_path + ".tmp", "w") as file:
                 json.dump(ready, file, indent=2)
-            tf.io.gfile.rename(ready_path + ".tmp", ready_path, overwrite=True)  # written last: marks the data done
+            fileio.rename(ready_path + ".tmp", ready_path)  # written last: marks the data done
     if jax.process_count() > 1:
         from jax.experimental import multihost_utils
         multihost_utils.sync_global_devices("bert_jax workdir data ready")
-    with tf.io.gfile.GFile(ready_path) as file:
+    with fileio.open_file(ready_path) as file:
         ready = json.load(file)
 
     padded = tokenization.padded_vocab_size(ready["tokenizer_vocab_size"])

@@ -5,7 +5,6 @@ This guards the XLA:CPU miscompilation seen on this stack (wrong gradients for a
 """
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec

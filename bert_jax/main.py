@@ -4,6 +4,9 @@ The same command runs on a laptop CPU, a GPU cluster (one process per host or pe
 TPU pod slice; see launch/ for the per-platform wrappers.
 """
 
+import logging as std_logging
+import os
+
 from absl import app
 from absl import flags
 from absl import logging
@@ -18,7 +21,10 @@ FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/pretrain.py:size=base.",
                                 lock_config=True)
 flags.DEFINE_string("workdir", None, "Directory for TensorBoard events, metrics.jsonl and checkpoints.")
-flags.DEFINE_enum("mode", "train", ["train"], "What to run.")
+flags.DEFINE_enum("mode", "train", ["train", "eval"], "train: pretrain (resuming from WORKDIR/checkpoints if "
+                  "there are any); eval: held-out MLM/NSP metrics of a checkpoint's parameters.")
+flags.DEFINE_string("checkpoint", "", "With --mode=eval: a checkpoint step directory, or a checkpoints directory "
+                    "(its latest step). Default: WORKDIR/checkpoints.")
 flags.DEFINE_string("coordinator_address", "", "host:port of process 0, for multi-process runs outside TPU pods "
                     "and SLURM (which are detected automatically).")
 flags.DEFINE_integer("num_processes", 0, "Number of processes, with --coordinator_address.")
@@ -26,16 +32,30 @@ flags.DEFINE_integer("process_id", -1, "This process's index, with --coordinator
 flags.mark_flags_as_required(["config", "workdir"])
 
 
+def _quiet_orbax(record) -> bool:
+    """Orbax logs every step of every save at INFO; keep its warnings and errors, and our own lines."""
+    return record.levelno >= std_logging.WARNING or f"{os.sep}orbax{os.sep}" not in record.pathname
+
+
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    logging.get_absl_handler().addFilter(_quiet_orbax)
     sharding.initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
     try:
         train.validate_config(FLAGS.config, jax.device_count(), jax.process_count())
     except ValueError as error:
         raise app.UsageError(f"bad config: {error}") from None
     logging.info("config:\n%s", FLAGS.config)
+    if FLAGS.mode == "eval":
+        results = train.evaluate_checkpoint(FLAGS.config, FLAGS.workdir, FLAGS.checkpoint)
+        logging.info("done: %s", {k: round(v, 4) for k, v in results.items()})
+        return
     final = train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+    if "preempted_at_step" in final:
+        logging.info("stopped by SIGTERM after saving step %d; rerun the same command to resume",
+                     final["preempted_at_step"])
+        return
     logging.info("done: %s", {k: round(v, 4) for k, v in final.items()})
 
 

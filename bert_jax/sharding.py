@@ -39,6 +39,14 @@ def initialize_distributed(coordinator_address: str = "", num_processes: int = 0
         jax.distributed.initialize()
 
 
+def all_processes_agree(ok: bool) -> bool:
+    """True only if `ok` is True on every process (a host-side collective; free with one process)."""
+    if jax.process_count() == 1:
+        return ok
+    from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+    return bool(np.all(multihost_utils.process_allgather(np.asarray(ok))))
+
+
 def mesh_shape(mesh_config, num_devices: int) -> tuple[int, int, int]:
     """Resolves the (data, fsdp, tensor) sizes, filling one -1 with the devices left over; errors name the field."""
     sizes = [int(mesh_config[axis]) for axis in MESH_AXES]
@@ -132,6 +140,16 @@ def batch_spec(mesh: Mesh, rules) -> PartitionSpec:
 
 def batch_sharding(mesh: Mesh, rules) -> NamedSharding:
     return NamedSharding(mesh, batch_spec(mesh, rules))
+
+
+def process_rows(sharding: NamedSharding, global_batch_size: int) -> np.ndarray:
+    """The global batch rows this process's devices hold, ascending: the order in which
+    `make_global_batch` places this process's local rows."""
+    indices = sharding.addressable_devices_indices_map((global_batch_size,))
+    rows = set()
+    for index in indices.values():
+        rows.update(range(global_batch_size)[index[0]])
+    return np.asarray(sorted(rows))
 
 
 def make_global_batch(local_batch: dict[str, np.ndarray], sharding: NamedSharding) -> dict[str, jax.Array]:

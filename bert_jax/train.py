@@ -5,10 +5,9 @@ loop jits them with explicit in/out shardings over the mesh and donates the stat
 state are created, updated and kept sharded and no device ever holds more than its part.
 """
 
+import dataclasses
 import functools
-import json
 import math
-import os
 import time
 from typing import Any, Iterator
 
@@ -21,16 +20,12 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
+from bert_jax import checkpoint as checkpoint_lib
+from bert_jax import fileio
+from bert_jax import metrics as metrics_lib
 from bert_jax import model as model_lib
 from bert_jax import optim
 from bert_jax import sharding as sharding_lib
-
-# Dense bf16 peak FLOP/s per chip, for the MFU estimate; matched against jax.Device.device_kind.
-PEAK_FLOPS_BY_DEVICE_KIND = (
-    ("TPU v6", 918e12), ("TPU v5p", 459e12), ("TPU v5 lite", 197e12), ("TPU v5e", 197e12), ("TPU v5", 459e12),
-    ("TPU v4", 275e12), ("TPU v3", 123e12), ("H200", 989e12), ("H100", 989e12), ("A100", 312e12),
-)
-
 
 @flax.struct.dataclass
 class TrainState:
@@ -70,6 +65,18 @@ def validate_config(config, num_devices: int, process_count: int = 1) -> None:
     if per_replica % config.optim.grad_accum_steps:
         raise ValueError(f"--config.optim.grad_accum_steps={config.optim.grad_accum_steps} must divide the "
                          f"per-device batch train.batch_size/{data_parallel} = {per_replica}")
+    if train.profile_start_step < 0 or train.profile_steps <= 0:
+        raise ValueError(f"--config.train.profile_start_step={train.profile_start_step} must be >= 0 (0: no trace) "
+                         f"and --config.train.profile_steps={train.profile_steps} positive")
+    ckpt = config.checkpoint
+    if ckpt.every_steps < 0:
+        raise ValueError(f"--config.checkpoint.every_steps={ckpt.every_steps}: must be >= 0 (0: save only at the "
+                         "end and on SIGTERM)")
+    if ckpt.max_to_keep <= 0:
+        raise ValueError(f"--config.checkpoint.max_to_keep={ckpt.max_to_keep}: must be positive")
+    if ckpt.keep_best and not config.data.eval_input_files and config.data.source != "corpus":
+        raise ValueError("--config.checkpoint.keep_best=True ranks checkpoints by eval loss: set "
+                         "--config.data.eval_input_files, or --config.checkpoint.keep_best=False")
     data = config.data
     if data.max_seq_length > model_config.max_position_embeddings:
         raise ValueError(f"--config.data.max_seq_length={data.max_seq_length} exceeds "
@@ -186,14 +193,6 @@ def make_eval_step(model: nn.Module, rules):
     return eval_step
 
 
-def summarize_eval(sums: dict[str, float]) -> dict[str, float]:
-    mlm_loss = sums["mlm_loss_sum"] / max(sums["mlm_weight"], 1e-5)
-    return {"eval_mlm_loss": mlm_loss, "eval_mlm_accuracy": sums["mlm_correct"] / max(sums["mlm_weight"], 1e-5),
-            "eval_mlm_perplexity": math.exp(min(mlm_loss, 80.0)),
-            "eval_nsp_loss": sums["nsp_loss_sum"] / sums["nsp_count"],
-            "eval_nsp_accuracy": sums["nsp_correct"] / sums["nsp_count"]}
-
-
 def dummy_batch(batch_size: int, seq_length: int, max_predictions: int) -> dict[str, np.ndarray]:
     """An all-zeros batch of the right shapes and dtypes, for initialisation and shape inference."""
     return {
@@ -207,12 +206,9 @@ def dummy_batch(batch_size: int, seq_length: int, max_predictions: int) -> dict[
     }
 
 
-def create_train_state(model: nn.Module, tx: optax.GradientTransformation, mesh, rules, rng,
-                       seq_length: int, max_predictions: int):
-    """Creates the train state already sharded: `jax.jit(init, out_shardings=...)`, so no device holds a full copy.
-
-    Returns (state, state_shardings).
-    """
+def abstract_train_state(model: nn.Module, tx: optax.GradientTransformation, mesh, rules, seq_length: int,
+                         max_predictions: int):
+    """(shapes of the train state, its shardings), without allocating anything; plus the boxed init function."""
     inputs = _model_inputs(dummy_batch(1, seq_length, max_predictions))
 
     def init_boxed(rng):
@@ -221,83 +217,54 @@ def create_train_state(model: nn.Module, tx: optax.GradientTransformation, mesh,
         # The optimizer state is built from the boxed params, so its moments inherit the parameters' axis names.
         return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
 
-    abstract = jax.eval_shape(init_boxed, rng)
-    shardings = sharding_lib.tree_shardings(abstract, mesh, rules)
+    boxed = jax.eval_shape(init_boxed, jax.random.key(0))
+    shardings = sharding_lib.tree_shardings(boxed, mesh, rules)
+    return sharding_lib.unbox(boxed), shardings, init_boxed
+
+
+def create_train_state(model: nn.Module, tx: optax.GradientTransformation, mesh, rules, rng,
+                       seq_length: int, max_predictions: int):
+    """Creates the train state already sharded: `jax.jit(init, out_shardings=...)`, so no device holds a full copy.
+
+    Returns (state, state_shardings).
+    """
+    _, shardings, init_boxed = abstract_train_state(model, tx, mesh, rules, seq_length, max_predictions)
     init = jax.jit(lambda rng: sharding_lib.unbox(init_boxed(rng)), out_shardings=shardings)
     return init(rng), shardings
 
 
-def peak_flops_per_device(device: jax.Device, override: float = 0.0) -> float:
-    """Peak FLOP/s of one device for the MFU estimate; 0 when unknown (CPUs, unlisted accelerators)."""
-    if override > 0:
-        return override
-    for kind, flops in PEAK_FLOPS_BY_DEVICE_KIND:
-        if kind.lower() in device.device_kind.lower():
-            return flops
-    return 0.0
-
-
-def _log_line(step: int, num_steps: int, scalars: dict[str, float], steps_per_second: float) -> str:
-    line = (f"step {step}/{num_steps} | loss {scalars['loss']:.4f} mlm {scalars['mlm_loss']:.4f} "
-            f"nsp {scalars['nsp_loss']:.4f} | mlm_acc {scalars['mlm_accuracy']:.4f} "
-            f"nsp_acc {scalars['nsp_accuracy']:.4f} | grad_norm {scalars['grad_norm']:.3f} "
-            f"lr {scalars['learning_rate']:.3g}")
-    if steps_per_second:
-        mfu = f"{scalars['mfu']:.1%}" if "mfu" in scalars else "n/a"
-        eta = _format_duration((num_steps - step) / steps_per_second)
-        line += (f" | {scalars['sequences_per_second']:.1f} seq/s {scalars['tokens_per_second']:.0f} tok/s"
-                 f" | MFU {mfu} | ETA {eta}")
-    return line + "".join(f" | {k} {v:.4f}" for k, v in scalars.items() if k.startswith("eval_"))
-
-
-def _format_duration(seconds: float) -> str:
-    seconds = int(max(seconds, 0))
-    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
-
-
-class _MetricWriter:
-    """Log lines, TensorBoard scalars and a metrics.jsonl in the workdir (process 0 only)."""
-
-    def __init__(self, workdir: str):
-        self.enabled = jax.process_index() == 0
-        if self.enabled:
-            from flax.metrics import tensorboard  # imported lazily: it pulls in TensorFlow's summary ops
-            os.makedirs(workdir, exist_ok=True)
-            self._summary = tensorboard.SummaryWriter(os.path.join(workdir, "tensorboard"))
-            self._jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a")
-
-    def write(self, step: int, scalars: dict[str, float]) -> None:
-        if not self.enabled:
-            return
-        for name, value in scalars.items():
-            self._summary.scalar(name, value, step)
-        self._summary.flush()
-        self._jsonl.write(json.dumps({"step": step, **{k: float(v) for k, v in scalars.items()}}) + "\n")
-        self._jsonl.flush()
-
-    def close(self):
-        if self.enabled:
-            self._summary.close()
-            self._jsonl.close()
-
-
-def evaluate(eval_step, params, batches: Iterator, batch_sharding, num_batches: int) -> dict[str, float]:
-    totals = None
-    for _ in range(num_batches):
-        try:
-            local = next(batches)
-        except StopIteration:
+def evaluate(eval_step, params, batches: Iterator, batch_sharding, num_batches: int | None) -> dict[str, float]:
+    """Held-out metrics over `num_batches` batches (None: until the data ends on any process)."""
+    totals, count = None, 0
+    while num_batches is None or count < num_batches:
+        local = next(batches, None)
+        # Every process must run the same number of sharded steps: stop when any one has run out.
+        if not sharding_lib.all_processes_agree(local is not None):
             break
         sums = eval_step(params, sharding_lib.make_global_batch(local, batch_sharding))
         totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
+        count += 1
     if totals is None:
         raise ValueError("evaluation read no batch: --config.data.eval_input_files holds fewer records than one "
                          "global batch (train.batch_size)")
-    return summarize_eval({k: float(v) for k, v in jax.device_get(totals).items()})
+    return metrics_lib.summarize_eval({k: float(v) for k, v in jax.device_get(totals).items()})
 
 
-def train_and_evaluate(config, workdir: str) -> dict[str, float]:
-    """Runs the whole pretraining job described by `config`; returns the last logged metrics."""
+@dataclasses.dataclass
+class _Run:
+    """Everything a job needs, built once from the config: model, mesh, optimizer, data."""
+    config: Any
+    workdir: str
+    model_config: model_lib.BertConfig
+    model: nn.Module
+    mesh: Any
+    rules: Any
+    tx: Any
+    schedule: Any
+    make_iterator: Any
+
+
+def _build(config, workdir: str) -> _Run:
     # Imported here so the step functions above (and the benchmark) work where TensorFlow is not installed.
     from bert_jax import input_pipeline
     from bert_jax import tokenization
@@ -307,42 +274,105 @@ def train_and_evaluate(config, workdir: str) -> dict[str, float]:
         workdir_data.prepare(config, workdir)  # makes WORKDIR/data once, then reads it as TFRecords
         validate_config(config, jax.device_count(), jax.process_count())
     model_config = model_lib.BertConfig.from_config(config.model)
-    model = model_lib.BertForPreTraining(model_config)
     mesh = sharding_lib.create_mesh(config.mesh)
-    rules = sharding_lib.logical_rules(config.mesh)
     tx, schedule = optim.create_optimizer(config.optim, config.train.num_steps)
-    data, train = config.data, config.train
-    local_batch_size = train.batch_size // jax.process_count()
     logging.info("mesh %s over %d devices (%s), %d processes", dict(mesh.shape), jax.device_count(),
                  jax.devices()[0].device_kind, jax.process_count())
-
     # The tokenizer, where known, bounds dynamic masking's random replacements (the model's vocab may be padded)
     # and tells whole-word masking which pieces continue a word.
+    data = config.data
     tokenizer = tokenization.load_tokenizer(data.vocab_file) if data.vocab_file else None
+    rules = sharding_lib.logical_rules(config.mesh)
     make_iterator = functools.partial(
-        input_pipeline.make_iterator, data, batch_size=local_batch_size, vocab_size=model_config.vocab_size,
-        process_index=jax.process_index(), process_count=jax.process_count(),
+        input_pipeline.make_iterator, data, batch_size=config.train.batch_size // jax.process_count(),
+        vocab_size=model_config.vocab_size, process_index=jax.process_index(), process_count=jax.process_count(),
         tokenizer_vocab_size=tokenizer.vocab_size if tokenizer else None,
-        whole_word_continuation=tokenizer.is_continuation if tokenizer else None)
-    train_batches = make_iterator(split="train", seed=train.seed)
-    writer = _MetricWriter(workdir)
-    flops_per_step = model_lib.model_flops_per_sequence(
-        model_config, data.max_seq_length, data.max_predictions_per_seq) * train.batch_size
-    peak = peak_flops_per_device(jax.devices()[0], train.peak_flops_per_device) * jax.device_count()
+        whole_word_continuation=tokenizer.is_continuation if tokenizer else None,
+        process_rows=sharding_lib.process_rows(sharding_lib.batch_sharding(mesh, rules), config.train.batch_size))
+    return _Run(config, workdir, model_config, model_lib.BertForPreTraining(model_config), mesh, rules, tx,
+                schedule, make_iterator)
 
-    with jax.set_mesh(mesh):
-        init_rng, step_rng = jax.random.split(jax.random.key(train.seed))
-        state, state_shardings = create_train_state(model, tx, mesh, rules, init_rng, data.max_seq_length,
-                                                    data.max_predictions_per_seq)
+
+def _checkpointer(run: _Run) -> checkpoint_lib.Checkpointer:
+    ckpt = run.config.checkpoint
+    return checkpoint_lib.Checkpointer(fileio.join(run.workdir, checkpoint_lib.CHECKPOINT_SUBDIR),
+                                       every_steps=ckpt.every_steps, max_to_keep=ckpt.max_to_keep,
+                                       keep_best=ckpt.keep_best, async_save=ckpt.async_save)
+
+
+def _start_state(run: _Run, checkpointer, train_batches):
+    """The state, RNG and input position to start from; see bert_jax/checkpoint.py for the order."""
+    data, train = run.config.data, run.config.train
+    init_rng, step_rng = jax.random.split(jax.random.key(train.seed))
+    abstract, shardings, _ = abstract_train_state(run.model, run.tx, run.mesh, run.rules, data.max_seq_length,
+                                                  data.max_predictions_per_seq)
+    replicated = NamedSharding(run.mesh, PartitionSpec())
+    restored = checkpointer.restore_latest(abstract, shardings, replicated, train_batches)
+    if restored is not None:
+        step, state, step_rng = restored
+        logging.info("resumed from %s at step %d (input position: batch %d)",
+                     fileio.join(checkpointer.directory, str(step)), step, getattr(train_batches, "position", -1))
+        return state, shardings, step_rng
+    state, shardings = create_train_state(run.model, run.tx, run.mesh, run.rules, init_rng, data.max_seq_length,
+                                          data.max_predictions_per_seq)
+    if run.config.init:
+        params, source = checkpoint_lib.restore_params(run.config.init, abstract.params, shardings.params)
+        state = state.replace(params=params)
+        logging.info("initialised parameters from %s (--config.init); optimizer and step start afresh", source)
+    else:
+        logging.info("no checkpoint in %s: starting from scratch (seed %d)", checkpointer.directory, train.seed)
+    return state, shardings, step_rng
+
+
+class _Profiler:
+    """A profiler trace of steps [start, start + num_steps) into WORKDIR/profile (TensorBoard's profile tab)."""
+
+    def __init__(self, workdir: str, start: int, num_steps: int):
+        self.directory = fileio.join(workdir, "profile")
+        self.start, self.stop = start, start + num_steps - 1
+        self.active = False
+
+    def before_step(self, step: int) -> None:
+        if self.start > 0 and step == self.start:
+            jax.profiler.start_trace(self.directory)
+            self.active = True
+
+    def after_step(self, step: int, outputs) -> None:
+        if self.active and step >= self.stop:
+            jax.block_until_ready(outputs)
+            jax.profiler.stop_trace()
+            self.active = False
+            logging.info("profiler trace of steps %d-%d written to %s", self.start, step, self.directory)
+
+
+def train_and_evaluate(config, workdir: str) -> dict[str, float]:
+    """Runs (or resumes) the pretraining job described by `config`; returns the last logged metrics.
+
+    On SIGTERM it saves a checkpoint at the current step and returns early, with "preempted_at_step" set.
+    """
+    run = _build(config, workdir)
+    data, train = config.data, config.train
+    train_batches = run.make_iterator(split="train", seed=train.seed)
+    writer = metrics_lib.MetricWriter(workdir)
+    flops_per_step = model_lib.model_flops_per_sequence(
+        run.model_config, data.max_seq_length, data.max_predictions_per_seq) * train.batch_size
+    peak = metrics_lib.peak_flops_per_device(jax.devices()[0], train.peak_flops_per_device) * jax.device_count()
+    checkpointer = _checkpointer(run)
+
+    with jax.set_mesh(run.mesh):
+        state, state_shardings, step_rng = _start_state(run, checkpointer, train_batches)
         num_params = sum(x.size for x in jax.tree.leaves(state.params))
-        logging.info("model: %s, %s parameters", model_config, f"{num_params:,}")
-        batch_sharding = sharding_lib.batch_sharding(mesh, rules)
-        replicated = NamedSharding(mesh, PartitionSpec())
-        train_step = jax.jit(make_train_step(model, tx, schedule, rules, mesh, config.optim.grad_accum_steps),
+        logging.info("model: %s, %s parameters", run.model_config, f"{num_params:,}")
+        batch_sharding = sharding_lib.batch_sharding(run.mesh, run.rules)
+        replicated = NamedSharding(run.mesh, PartitionSpec())
+        train_step = jax.jit(make_train_step(run.model, run.tx, run.schedule, run.rules, run.mesh,
+                                             config.optim.grad_accum_steps),
                              in_shardings=(state_shardings, batch_sharding, replicated),
                              out_shardings=(state_shardings, replicated), donate_argnums=0)
-        eval_step = jax.jit(make_eval_step(model, rules), in_shardings=(state_shardings.params, batch_sharding),
-                            out_shardings=replicated)
+        eval_step = jax.jit(make_eval_step(run.model, run.rules),
+                            in_shardings=(state_shardings.params, batch_sharding), out_shardings=replicated)
+        preemption = checkpoint_lib.PreemptionWatcher()
+        profiler = _Profiler(workdir, train.profile_start_step, train.profile_steps)
 
         window: list[dict[str, float]] = []  # host metrics of the steps since the last log line
         timed_steps, window_start = 0, None
@@ -357,8 +387,10 @@ def train_and_evaluate(config, workdir: str) -> dict[str, float]:
             window.append(host)
 
         for step in range(int(state.step) + 1, train.num_steps + 1):
+            profiler.before_step(step)
             batch = sharding_lib.make_global_batch(next(train_batches), batch_sharding)
             state, metrics = train_step(state, batch, step_rng)
+            profiler.after_step(step, metrics)
             # Reading the previous step's metrics keeps one step in flight while still naming a bad step exactly.
             if pending is not None:
                 consume(*pending)
@@ -368,24 +400,73 @@ def train_and_evaluate(config, workdir: str) -> dict[str, float]:
                 pending, window_start = None, time.perf_counter()
             else:
                 timed_steps += 1
-            if step % train.log_every and step != train.num_steps:
-                continue
-            if pending is not None:
-                consume(*pending)
-                pending = None
-            steps_per_second = timed_steps / (time.perf_counter() - window_start) if timed_steps else 0.0
-            scalars = {k: float(np.mean([m[k] for m in window])) for k in window[0]}
-            if steps_per_second:
-                scalars["sequences_per_second"] = steps_per_second * train.batch_size
-                scalars["tokens_per_second"] = scalars["sequences_per_second"] * data.max_seq_length
-                if peak:
-                    scalars["mfu"] = flops_per_step * steps_per_second / peak
-            if data.eval_input_files and (step % train.eval_every == 0 or step == train.num_steps):
-                eval_batches = make_iterator(split="eval", seed=train.seed)
-                scalars.update(evaluate(eval_step, state.params, eval_batches, batch_sharding, train.eval_steps))
-            logging.info("%s", _log_line(step, train.num_steps, scalars, steps_per_second))
-            writer.write(step, scalars)
-            last_logged = dict(scalars, step=step)
-            window, timed_steps, window_start = [], 0, time.perf_counter()
+            stop = preemption.should_stop(step)
+            save = checkpointer.should_save(step) or step == train.num_steps or stop
+            scalars = None
+            if save or step % train.log_every == 0 or stop:
+                if pending is not None:  # a state is saved only once its loss is known to be finite
+                    consume(*pending)
+                    pending = None
+            if step % train.log_every == 0 or step == train.num_steps or stop:
+                steps_per_second = timed_steps / (time.perf_counter() - window_start) if timed_steps else 0.0
+                scalars = {k: float(np.mean([m[k] for m in window])) for k in window[0]}
+                if steps_per_second:
+                    scalars["sequences_per_second"] = steps_per_second * train.batch_size
+                    scalars["tokens_per_second"] = scalars["sequences_per_second"] * data.max_seq_length
+                    if peak:
+                        scalars["mfu"] = flops_per_step * steps_per_second / peak
+                if data.eval_input_files and (step % train.eval_every == 0 or step == train.num_steps):
+                    eval_batches = run.make_iterator(split="eval", seed=train.seed)
+                    scalars.update(evaluate(eval_step, state.params, eval_batches, batch_sharding,
+                                            train.eval_steps))
+                logging.info("%s", metrics_lib.log_line(step, train.num_steps, scalars, steps_per_second))
+                writer.write(step, scalars)
+                last_logged = dict(scalars, step=step)
+                window, timed_steps, window_start = [], 0, time.perf_counter()
+            if save:
+                blocked = checkpointer.save(step, state, step_rng, train_batches, metrics=scalars)
+                logging.info("checkpoint: saving step %d to %s in the background (the loop waited %.3f s)", step,
+                             checkpointer.directory, blocked)
+            if stop:
+                checkpointer.wait()
+                logging.warning("SIGTERM received: saved a checkpoint at step %d in %s; stopping. Run the same "
+                                "command again to resume.", step, checkpointer.directory)
+                last_logged["preempted_at_step"] = step
+                break
+        checkpointer.close()
+        preemption.close()
     writer.close()
     return last_logged
+
+
+def evaluate_checkpoint(config, workdir: str, checkpoint: str = "") -> dict[str, float]:
+    """`--mode=eval`: held-out MLM loss/accuracy/perplexity and NSP loss/accuracy of a checkpoint's parameters.
+
+    `checkpoint` is a step directory or a checkpoints directory (its latest step); default WORKDIR/checkpoints.
+    Reads the whole held-out set (data.eval_input_files, or the workdir's held-out split for data=corpus; the
+    synthetic source has no end, so train.eval_steps batches of it). Results go to the log, to
+    WORKDIR/eval_metrics.jsonl and to TensorBoard under WORKDIR/tensorboard_eval.
+    """
+    run = _build(config, workdir)
+    if not config.data.eval_input_files and config.data.source != "synthetic":
+        raise ValueError("--mode=eval needs held-out data: set --config.data.eval_input_files (or use "
+                         "data=corpus with data.eval_every_nth_document > 0)")
+    checkpoint = checkpoint or fileio.join(workdir, checkpoint_lib.CHECKPOINT_SUBDIR)
+    with jax.set_mesh(run.mesh):
+        abstract, shardings, _ = abstract_train_state(run.model, run.tx, run.mesh, run.rules,
+                                                      config.data.max_seq_length,
+                                                      config.data.max_predictions_per_seq)
+        params, source = checkpoint_lib.restore_params(checkpoint, abstract.params, shardings.params)
+        step = int(source.rstrip("/").rsplit("/", 1)[-1]) if source.rstrip("/").rsplit("/", 1)[-1].isdigit() else 0
+        batch_sharding = sharding_lib.batch_sharding(run.mesh, run.rules)
+        eval_step = jax.jit(make_eval_step(run.model, run.rules), in_shardings=(shardings.params, batch_sharding),
+                            out_shardings=NamedSharding(run.mesh, PartitionSpec()))
+        num_batches = config.train.eval_steps if config.data.source == "synthetic" else None
+        results = evaluate(eval_step, params, run.make_iterator(split="eval", seed=config.train.seed),
+                           batch_sharding, num_batches)
+    writer = metrics_lib.MetricWriter(workdir, tensorboard_subdir="tensorboard_eval",
+                                      jsonl_name="eval_metrics.jsonl")
+    writer.write(step, dict(results))
+    writer.close()
+    logging.info("eval of %s: %s", source, " | ".join(f"{k} {v:.4f}" for k, v in results.items()))
+    return dict(results, step=step)

@@ -123,6 +123,18 @@ def get_config(arg=None):
     train.eval_steps = 10  # batches per evaluation
     train.seed = 0  # seeds initialisation, dropout, shuffling and synthetic data
     train.peak_flops_per_device = 0.0  # for MFU; 0 means look the device kind up (unknown kinds print no MFU)
+    train.profile_start_step = 0  # capture a profiler trace from this step into WORKDIR/profile; 0 = no trace
+    train.profile_steps = 5  # steps in the profiler trace
+
+    # Checkpoints go to WORKDIR/checkpoints; a run started in a workdir that has some resumes from the latest.
+    config.checkpoint = ckpt = ml_collections.ConfigDict()
+    ckpt.every_steps = 100  # steps between checkpoints (and one at the last step, and on SIGTERM); 0 = only those
+    ckpt.max_to_keep = 3  # most recent checkpoints kept
+    ckpt.keep_best = False  # also keep the checkpoint with the lowest eval loss (needs evaluation data)
+    ckpt.async_save = True  # write in the background; the loop waits only for the copy to host memory
+    # Parameters to start from when the workdir has no checkpoint: a step directory or checkpoints directory of
+    # another run (optimizer, step and data start afresh). Empty: initialise from train.seed.
+    config.init = ""
 
     if options["size"] == "tiny":
         # The default run: 200 steps on the demo corpus, long enough for MLM accuracy to climb visibly.
@@ -135,4 +147,5 @@ def get_config(arg=None):
         train.log_every = 100
         train.eval_every = 10000
         train.eval_steps = 100
+        ckpt.every_steps = 5000
     return config

@@ -1,0 +1,240 @@
+"""Orbax checkpoints of a whole run: train state, the dropout RNG, and every process's input position.
+
+Where a run starts from (`Checkpointer.restore_or_init` decides it, in this order):
+1. The workdir's own checkpoints (WORKDIR/checkpoints): the latest one that restores. A corrupt or partial one is
+   skipped with a warning naming it, moved aside to `STEP.corrupt` (kept, never deleted), and the one before is
+   used. A run restarted after a crash or a preemption continues exactly where it stopped: same parameters,
+   optimizer state, step, RNG and input position, so the losses are the ones the uninterrupted run would have had.
+2. `--config.init`: a checkpoint of another run (a step directory, or a checkpoints directory whose latest step is
+   taken): its parameters only; the optimizer, step counter, schedule and input start afresh (continued
+   pretraining with a new recipe). Used only while the workdir has no checkpoint of its own.
+3. Otherwise from scratch: parameters initialised from `train.seed`.
+
+Saves are asynchronous: `save` blocks only while the arrays are copied to host memory; writing happens in the
+background, into a temporary directory that becomes the step directory only once complete (an atomic rename on
+local disks, a commit marker on GCS), so a half-written checkpoint is never restored. Restoring onto a different
+mesh or device count works: arrays are read into the shardings of the new state.
+"""
+
+import dataclasses
+import os
+import signal
+import threading
+import time
+from typing import Any
+
+from absl import logging
+from etils import epath
+import jax
+from jax.experimental import multihost_utils
+import numpy as np
+import orbax.checkpoint as ocp
+from orbax.checkpoint import checkpoint_managers
+
+from bert_jax import sharding as sharding_lib
+
+CHECKPOINT_SUBDIR = "checkpoints"
+STATE_ITEM = "state"  # {"train_state": TrainState, "rng": uint32 key data}
+DATA_ITEM = "data"  # one input-position file set per process
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The input position: each process saves its own iterator (tf.data checkpoint or a batch counter).
+
+class DataIteratorHandler(ocp.CheckpointHandler):
+    """Saves/restores an iterator with `save_state(path)` / `restore_state(path)`, one file set per process."""
+
+    @staticmethod
+    def _prefix(directory: epath.Path) -> str:
+        return str(directory / f"process_{jax.process_index()}-of-{jax.process_count()}")
+
+    def save(self, directory: epath.Path, args: "DataIteratorSave"):
+        args.iterator.save_state(self._prefix(directory))
+
+    def restore(self, directory: epath.Path, args: "DataIteratorRestore"):
+        prefix = self._prefix(directory)
+        if not any(directory.glob(os.path.basename(prefix) + "*")):
+            saved = sorted(path.name for path in directory.iterdir())
+            raise ProcessCountChangedError(f"{directory} holds no input position for this process ({prefix}); it "
+                                           f"was written by a different number of processes: {saved[:4]}")
+        args.iterator.restore_state(prefix)
+        return args.iterator
+
+    def metadata(self, directory: epath.Path):
+        return None
+
+    def finalize(self, directory: epath.Path):
+        pass
+
+    def close(self):
+        pass
+
+
+@ocp.args.register_with_handler(DataIteratorHandler, for_save=True)
+@dataclasses.dataclass
+class DataIteratorSave(ocp.args.CheckpointArgs):
+    iterator: Any
+
+
+@ocp.args.register_with_handler(DataIteratorHandler, for_restore=True)
+@dataclasses.dataclass
+class DataIteratorRestore(ocp.args.CheckpointArgs):
+    iterator: Any
+
+
+class ProcessCountChangedError(RuntimeError):
+    """The checkpoint's input positions were written by a different number of processes."""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+
+def _abstract(tree, shardings):
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
+
+
+class Checkpointer:
+    """The run's CheckpointManager: periodic asynchronous saves, retention, and the resume order."""
+
+    def __init__(self, directory: str, *, every_steps: int, max_to_keep: int, keep_best: bool = False,
+                 async_save: bool = True):
+        self.directory = directory
+        self.every_steps = every_steps
+        policies = [checkpoint_managers.LatestN(n=max_to_keep)]
+        if keep_best:
+            # Lowest eval loss; checkpoints saved without an evaluation are kept by recency alone.
+            policies.append(checkpoint_managers.BestN(get_metric_fn=lambda metrics: metrics["eval_loss"],
+                                                      reverse=True, n=1, keep_checkpoints_without_metrics=False))
+        options = ocp.CheckpointManagerOptions(
+            preservation_policy=checkpoint_managers.AnyPreservationPolicy(policies),
+            enable_async_checkpointing=async_save,
+            cleanup_tmp_directories=True,  # a save killed half-way leaves a temporary directory: drop it
+            create=True,
+        )
+        self.manager = ocp.CheckpointManager(epath.Path(directory), options=options,
+                                             item_names=(STATE_ITEM, DATA_ITEM))
+
+    def latest_step(self) -> int | None:
+        return self.manager.latest_step()
+
+    def should_save(self, step: int) -> bool:
+        return self.every_steps > 0 and step % self.every_steps == 0
+
+    def save(self, step: int, state, rng: jax.Array, data_iterator, metrics: dict[str, float] | None = None) -> float:
+        """Starts saving; returns the seconds the caller was blocked (the host copy, and any previous save)."""
+        start = time.perf_counter()
+        args = ocp.args.Composite(**{
+            STATE_ITEM: ocp.args.StandardSave({"train_state": state, "rng": jax.random.key_data(rng)}),
+            DATA_ITEM: DataIteratorSave(data_iterator),
+        })
+        eval_loss = None
+        if metrics and "eval_mlm_loss" in metrics:
+            eval_loss = {"eval_loss": float(metrics["eval_mlm_loss"] + metrics["eval_nsp_loss"])}
+        self.manager.save(step, args=args, metrics=eval_loss, force=True)
+        return time.perf_counter() - start
+
+    def wait(self) -> None:
+        self.manager.wait_until_finished()
+
+    def close(self) -> None:
+        self.manager.wait_until_finished()
+        self.manager.close()
+
+    def _restore_step(self, step: int, abstract_state, state_shardings, rng_sharding, data_iterator):
+        target = {"train_state": _abstract(abstract_state, state_shardings),
+                  "rng": jax.ShapeDtypeStruct((2,), np.uint32, sharding=rng_sharding)}
+        items = {STATE_ITEM: ocp.args.StandardRestore(target)}
+        if data_iterator is not None:
+            items[DATA_ITEM] = DataIteratorRestore(data_iterator)
+        restored = self.manager.restore(step, args=ocp.args.Composite(**items))
+        state = restored[STATE_ITEM]
+        return state["train_state"], jax.random.wrap_key_data(state["rng"])
+
+    def restore_latest(self, abstract_state, state_shardings, rng_sharding, data_iterator):
+        """(step, state, rng) of the newest checkpoint that restores, or None. Corrupt ones are moved aside."""
+        for step in sorted(self.manager.all_steps(), reverse=True):
+            try:
+                result = self._restore_step(step, abstract_state, state_shardings, rng_sharding, data_iterator)
+                error = None
+            except ProcessCountChangedError as changed:
+                # Parameters and optimizer state are fine; only the input position cannot be carried over.
+                logging.warning("%s; the input pipeline restarts from a fresh position", changed)
+                result = self._restore_step(step, abstract_state, state_shardings, rng_sharding, None)
+                error = None
+            except Exception as exception:  # pylint: disable=broad-except  # any unreadable file means: skip it
+                result, error = None, exception
+            if sharding_lib.all_processes_agree(error is None):
+                return step, *result
+            self._set_aside(step, error)
+        return None
+
+    def _set_aside(self, step: int, error: Exception | None) -> None:
+        path = epath.Path(self.directory) / str(step)
+        target = path.parent / f"{step}.corrupt"
+        if target.exists():
+            target = path.parent / f"{step}.corrupt-{int(time.time())}"
+        logging.warning("checkpoint %s is corrupt or partial (%s: %s); skipping it (moved to %s) and trying the "
+                        "one before", path, type(error).__name__ if error else "unreadable on another process",
+                        str(error)[:300] if error else "", target)
+        if jax.process_index() == 0 and path.exists():
+            path.rename(target)
+        if jax.process_count() > 1:
+            multihost_utils.sync_global_devices(f"bert_jax_set_aside_{step}")
+        self.manager.reload()
+
+
+def restore_params(path: str, abstract_params, params_shardings):
+    """Parameters only from a checkpoint of any run (optimizer state and input position are not read).
+
+    `path` is a step directory (.../checkpoints/1000) or a checkpoints directory (its latest step is used).
+    """
+    directory = epath.Path(path)
+    if not directory.exists():
+        raise FileNotFoundError(f"checkpoint {path} does not exist; give a step directory (.../checkpoints/1000) "
+                                "or a checkpoints directory")
+    if not (directory / STATE_ITEM).exists():
+        steps = [int(child.name) for child in directory.iterdir() if child.name.isdigit()]
+        if not steps:
+            raise FileNotFoundError(f"{path} is neither a checkpoint step directory (no '{STATE_ITEM}' inside) nor "
+                                    "a checkpoints directory with numbered steps")
+        directory = directory / str(max(steps))
+    target = {"train_state": {"params": _abstract(abstract_params, params_shardings)}}
+    restore_args = jax.tree.map(lambda x: ocp.ArrayRestoreArgs(sharding=x.sharding), target)
+    checkpointer = ocp.PyTreeCheckpointer()
+    restored = checkpointer.restore(directory / STATE_ITEM, args=ocp.args.PyTreeRestore(
+        item=target, restore_args=restore_args, partial_restore=True))
+    logging.info("read parameters from %s", directory)
+    return restored["train_state"]["params"], str(directory)
+
+
+class PreemptionWatcher:
+    """Tells the loop when to save and stop: on SIGTERM (what schedulers, `kill` and TPU VM preemption send).
+
+    With several processes, JAX's preemption service (started by jax.distributed) catches the signal on any host
+    and picks one step at which every process stops, so all of them save the same step. In a single process a
+    SIGTERM handler sets a flag the loop reads after each step. Further signals while stopping are ignored.
+    """
+
+    def __init__(self):
+        self._multi_process = jax.process_count() > 1
+        self._signals = 0
+        self._previous = None
+        if not self._multi_process and threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, self._on_signal)
+
+    def _on_signal(self, signum, frame):  # pylint: disable=unused-argument
+        self._signals += 1
+
+    def should_stop(self, step: int) -> bool:
+        if self._multi_process:
+            try:
+                return multihost_utils.reached_preemption_sync_point(step)
+            except RuntimeError:  # the preemption service is disabled (jax_enable_preemption_service=False)
+                return False
+        return self._signals > 0
+
+    def close(self) -> None:
+        if self._previous is not None:
+            if self._signals > 1:
+                logging.warning("%d further SIGTERMs arrived while stopping; ignored", self._signals - 1)
+            signal.signal(signal.SIGTERM, self._previous)
+            self._previous = None

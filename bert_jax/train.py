@@ -371,6 +371,9 @@ def train_and_evaluate(config, workdir: str) -> dict[str, float]:
                              out_shardings=(state_shardings, replicated), donate_argnums=0)
         eval_step = jax.jit(make_eval_step(run.model, run.rules),
                             in_shardings=(state_shardings.params, batch_sharding), out_shardings=replicated)
+        if int(state.step) >= train.num_steps:
+            logging.warning("the checkpoint is already at step %d of train.num_steps=%d: nothing to train (raise "
+                            "--config.train.num_steps to train on)", int(state.step), train.num_steps)
         preemption = checkpoint_lib.PreemptionWatcher()
         profiler = _Profiler(workdir, train.profile_start_step, train.profile_steps)
 

@@ -3,6 +3,7 @@
 #   launch/local.sh [--dry-run] [--fake-devices N] [driver flags...]
 # Example: launch/local.sh --fake-devices 8 --config=configs/pretrain.py:size=tiny --config.mesh.fsdp=2 \
 #            --workdir=/tmp/bert_jax_local
+# Other arguments (--help too) go to the driver unchanged. launch/tpu.sh and launch/slurm.sh start it on clusters.
 set -euo pipefail
 
 dry_run=0
@@ -11,7 +12,13 @@ args=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --dry-run) dry_run=1; shift ;;
-    --fake-devices) fake_devices="$2"; shift 2 ;;
+    --fake-devices)
+      # Checked here: a missing or non-numeric value would otherwise surface as a bash arithmetic error.
+      if [[ $# -lt 2 || ! "$2" =~ ^[0-9]+$ ]]; then
+        echo "$(basename "$0"): error: --fake-devices needs a number of CPU devices, e.g. --fake-devices 8" >&2
+        exit 2
+      fi
+      fake_devices="$2"; shift 2 ;;
     *) args+=("$1"); shift ;;
   esac
 done

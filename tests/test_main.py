@@ -89,10 +89,18 @@ def test_default_run_makes_data_from_the_demo_corpus_then_reuses_it(tmp_path):
     assert "dynamic masking" in result.stderr  # unmasked training records, masked in tf.data
     metrics = _metrics(tmp_path)
     assert "eval_mlm_accuracy" in metrics[-1]
-    # A second run in the same workdir reuses the data; a different data setting is refused, not mixed in.
+    # --mode=eval reads the final checkpoint's parameters and the whole held-out split.
+    evaluation = _run([*args, "--mode=eval"], tmp_path)
+    assert evaluation.returncode == 0, evaluation.stderr[-3000:]
+    assert f"eval of {tmp_path}/checkpoints/4: eval_mlm_loss" in evaluation.stderr
+    [line] = [json.loads(line) for line in (tmp_path / "eval_metrics.jsonl").read_text().splitlines()]
+    assert line["step"] == 4 and 0 < line["eval_nsp_accuracy"] <= 1 and line["eval_mlm_perplexity"] > 1
+    # A second run in the same workdir reuses the data (and its checkpoint: nothing is left to train); a different
+    # data setting is refused, not mixed in.
     again = _run([*args, "--config.train.num_steps=2"], tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "reusing pretraining data" in again.stderr
+    assert "already at step 4 of train.num_steps=2" in again.stderr
     changed = _run([*args, "--config.data.masked_lm_prob=0.2"], tmp_path)
     assert changed.returncode != 0
     assert "masked_lm_prob differ" in changed.stderr

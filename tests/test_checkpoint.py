@@ -1,0 +1,179 @@
+"""Checkpoints in-process: resharding on restore, corrupt checkpoints, exact resume, init, eval mode, profiling."""
+
+import glob
+import json
+import logging
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from bert_jax import checkpoint as checkpoint_lib
+from bert_jax import input_pipeline
+from bert_jax import model as model_lib
+from bert_jax import optim
+from bert_jax import sharding as sharding_lib
+from bert_jax import train
+from tests import helpers
+
+
+def _metrics(workdir, name="metrics.jsonl"):
+    """step -> logged values; a step logged twice (before a crash and after resuming) keeps its last line."""
+    lines = [json.loads(line) for line in open(os.path.join(workdir, name))]
+    return {line["step"]: line for line in lines}
+
+
+def _config(**train_overrides):
+    config = helpers.tiny_config(mesh_shape=(2, 2, 2), dropout=True, **train_overrides)
+    config.train.batch_size = 8
+    config.train.log_every = 1
+    return config
+
+
+def _state_on_mesh(config, mesh_shape):
+    config.mesh.data, config.mesh.fsdp, config.mesh.tensor = mesh_shape
+    mesh = sharding_lib.create_mesh(config.mesh)
+    rules = sharding_lib.logical_rules(config.mesh)
+    model = model_lib.BertForPreTraining(model_lib.BertConfig.from_config(config.model))
+    tx, _ = optim.create_optimizer(config.optim, config.train.num_steps)
+    return mesh, rules, model, tx
+
+
+def test_restore_onto_other_meshes(tmp_path):
+    """Saved on (2,2,2), restored on (8,1,1) and (1,1,8): every parameter and optimizer moment is equal."""
+    config = _config()
+    mesh, rules, model, tx = _state_on_mesh(config, (2, 2, 2))
+    with jax.set_mesh(mesh):
+        state, _ = train.create_train_state(model, tx, mesh, rules, jax.random.key(0), 32, 5)
+        # Non-trivial optimizer moments: one real update.
+        grads = jax.tree.map(lambda p: jax.numpy.full_like(p, 0.01) * jax.numpy.cos(p), state.params)
+        updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        state = state.replace(step=state.step + 7, opt_state=opt_state,
+                              params=jax.tree.map(lambda p, u: p + u, state.params, updates))
+        saved = jax.device_get(state)
+        checkpointer = checkpoint_lib.Checkpointer(str(tmp_path / "ckpt"), every_steps=1, max_to_keep=2)
+        iterator = input_pipeline.synthetic_batches(batch_size=8, max_seq_length=32, max_predictions_per_seq=5,
+                                                    vocab_size=512, seed=0)
+        next(iterator)
+        checkpointer.save(7, state, jax.random.key(42), iterator)
+        checkpointer.close()
+
+    for mesh_shape in [(8, 1, 1), (1, 1, 8)]:
+        mesh, rules, model, tx = _state_on_mesh(config, mesh_shape)
+        with jax.set_mesh(mesh):
+            abstract, shardings, _ = train.abstract_train_state(model, tx, mesh, rules, 32, 5)
+            fresh_iterator = input_pipeline.synthetic_batches(batch_size=8, max_seq_length=32,
+                                                              max_predictions_per_seq=5, vocab_size=512, seed=0)
+            checkpointer = checkpoint_lib.Checkpointer(str(tmp_path / "ckpt"), every_steps=1, max_to_keep=2)
+            replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+            step, restored, rng = checkpointer.restore_latest(abstract, shardings, replicated, fresh_iterator)
+            checkpointer.close()
+        assert step == 7 and int(restored.step) == 7 and fresh_iterator.position == 1
+        np.testing.assert_array_equal(jax.random.key_data(rng), jax.random.key_data(jax.random.key(42)))
+        # The arrays really are laid out for the new mesh.
+        embedding = restored.params["embeddings"]["word_embeddings"]["embedding"]
+        assert embedding.sharding.mesh.devices.shape == mesh_shape
+        assert embedding.sharding == shardings.params["embeddings"]["word_embeddings"]["embedding"]
+        for path, (want, got) in zip(jax.tree_util.tree_leaves_with_path(saved),
+                                     zip(jax.tree.leaves(saved), jax.tree.leaves(jax.device_get(restored)))):
+            np.testing.assert_array_equal(got, want, err_msg=jax.tree_util.keystr(path[0]))
+
+
+def test_interrupted_run_resumes_exactly_and_skips_a_corrupt_checkpoint(tmp_path, caplog):
+    """A run stopped after step 4 and resumed reproduces the uninterrupted run's losses bit for bit (same
+    batches, dynamic masks and dropout); a truncated newest checkpoint is skipped for the one before."""
+    data = dict(source="tfrecord", input_files=f"{helpers.FIXTURES}/sample_seq128.tfrecord", masking="dynamic",
+                max_seq_length=128, max_predictions_per_seq=20, shuffle_buffer=50)
+
+    def config(num_steps):
+        result = _config(num_steps=num_steps)
+        result.checkpoint.every_steps = 2
+        result.checkpoint.max_to_keep = 5
+        result.model.vocab_size = 30522
+        result.model.max_position_embeddings = 128
+        result.data.update(data)
+        # A schedule that does not depend on num_steps, so that a 6-step run is the start of an 8-step one.
+        result.optim.end_learning_rate = result.optim.learning_rate
+        return result
+
+    reference = tmp_path / "reference"
+    train.train_and_evaluate(config(8), str(reference))
+    expected = _metrics(reference)
+
+    resumed = tmp_path / "resumed"
+    train.train_and_evaluate(config(6), str(resumed))
+    assert sorted(os.listdir(resumed / "checkpoints")) == ["2", "4", "6"]
+    # Truncate every file of the newest checkpoint's state: it must be skipped, not restored.
+    for path in glob.glob(str(resumed / "checkpoints" / "6" / "state" / "**" / "*"), recursive=True):
+        if os.path.isfile(path) and os.path.getsize(path) > 0:
+            with open(path, "r+b") as file:
+                file.truncate(os.path.getsize(path) // 2)
+    with caplog.at_level(logging.WARNING):
+        train.train_and_evaluate(config(8), str(resumed))
+    assert f"checkpoint {resumed / 'checkpoints' / '6'} is corrupt or partial" in caplog.text
+    assert os.path.isdir(resumed / "checkpoints" / "6.corrupt")  # kept for inspection, not deleted
+    assert sorted(os.listdir(resumed / "checkpoints")) == ["2", "4", "6", "6.corrupt", "8"]
+    got = _metrics(resumed)
+    assert sorted(got) == sorted(expected) == list(range(1, 9))
+    for step in range(1, 9):
+        for name in ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "grad_norm"):
+            assert got[step][name] == expected[step][name], (step, name)
+
+
+def test_init_from_another_run_and_eval_mode(tmp_path):
+    config = _config(num_steps=4)
+    config.data.source = "tfrecord"
+    config.data.input_files = f"{helpers.FIXTURES}/sample_seq128.tfrecord"
+    config.data.eval_input_files = f"{helpers.FIXTURES}/sample_seq128_wwm.tfrecord"
+    config.data.max_seq_length, config.data.max_predictions_per_seq = 128, 20
+    config.model.vocab_size, config.model.max_position_embeddings = 30522, 128
+    config.train.eval_every = 4
+    config.train.eval_steps = 100  # more than the file holds: the whole held-out file
+    first = tmp_path / "first"
+    final = train.train_and_evaluate(config, str(first))
+
+    # --mode=eval on the final checkpoint reads the same held-out batches: the same numbers.
+    results = train.evaluate_checkpoint(config, str(first))
+    assert results["step"] == 4
+    for name in ("eval_mlm_loss", "eval_mlm_accuracy", "eval_nsp_loss", "eval_nsp_accuracy"):
+        assert results[name] == pytest.approx(final[name], rel=1e-6), name
+    assert results["eval_mlm_perplexity"] == pytest.approx(np.exp(results["eval_mlm_loss"]), rel=1e-6)
+    assert _metrics(first, "eval_metrics.jsonl")[4]["eval_mlm_loss"] == pytest.approx(results["eval_mlm_loss"])
+
+    # --config.init: parameters from the first run, optimizer and step afresh.
+    second = tmp_path / "second"
+    config.init = str(first / "checkpoints")
+    config.train.num_steps = 1
+    config.checkpoint.max_to_keep = 1
+    train.train_and_evaluate(config, str(second))
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        checkpoint_lib.restore_params(str(tmp_path / "nowhere"), None, None)
+    mesh, rules, model, tx = _state_on_mesh(config, (2, 2, 2))
+    with jax.set_mesh(mesh):
+        abstract, shardings, _ = train.abstract_train_state(model, tx, mesh, rules, 128, 20)
+        start, _ = checkpoint_lib.restore_params(str(first / "checkpoints" / "4"), abstract.params, shardings.params)
+        after, _ = checkpoint_lib.restore_params(str(second / "checkpoints"), abstract.params, shardings.params)
+    # One step of a fresh optimizer (warmup: learning rate 0 at step 0) leaves the parameters where they started.
+    for want, got in zip(jax.tree.leaves(jax.device_get(start)), jax.tree.leaves(jax.device_get(after))):
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+    assert _metrics(second)[1]["learning_rate"] == 0.0
+
+
+def test_profiler_trace_of_chosen_steps(tmp_path):
+    config = _config(num_steps=3, profile_start_step=2, profile_steps=1)
+    train.train_and_evaluate(config, str(tmp_path))
+    traces = glob.glob(str(tmp_path / "profile" / "**" / "*.xplane.pb"), recursive=True)
+    assert traces and os.path.getsize(traces[0]) > 0
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("every_steps", -1, "checkpoint.every_steps=-1"),
+    ("max_to_keep", 0, "checkpoint.max_to_keep=0"),
+    ("keep_best", True, "checkpoint.keep_best=True ranks checkpoints by eval loss"),
+])
+def test_bad_checkpoint_config_is_named(field, value, message):
+    config = _config()
+    config.checkpoint[field] = value
+    with pytest.raises(ValueError, match=message.replace(".", r"\.")):
+        train.validate_config(config, jax.device_count())

@@ -8,11 +8,8 @@
 #
 # Run with --help for the options; --dry-run prints the sbatch script and command instead of submitting.
 set -euo pipefail
-# Empty arrays under set -u need bash >= 4.4.
-if (( BASH_VERSINFO[0] < 4 || (BASH_VERSINFO[0] == 4 && BASH_VERSINFO[1] < 4) )); then
-  echo "$0: needs bash >= 4.4 (this is ${BASH_VERSION})" >&2
-  exit 2
-fi
+# shellcheck source=launch/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 prog=$(basename "$0")
 repo_default=$(cd "$(dirname "$0")/.." && pwd)
@@ -48,38 +45,6 @@ Everything after -- is passed to the driver (the driver's --workdir comes from -
 EOF
 }
 
-die() {
-  echo "${prog}: error: $*" >&2
-  echo "Run '${prog} --help' for the options." >&2
-  exit 2
-}
-
-# Prints the words as one shell command line: bare when safe, otherwise in single quotes (readable, unlike
-# printf %q, and POSIX).
-quote() {
-  local word prefix out=()
-  for word in "$@"; do
-    prefix=""
-    # --flag='value' rather than '--flag=value': the flag stays visible.
-    if [[ "${word}" =~ ^--[A-Za-z0-9_.-]+= ]]; then
-      prefix=${BASH_REMATCH[0]}
-      word=${word#"${prefix}"}
-    fi
-    if [[ "${word}" =~ ^[A-Za-z0-9_./:=@%+,-]+$ ]]; then
-      out+=("${prefix}${word}")
-    else
-      out+=("${prefix}'${word//\'/\'\\\'\'}'")
-    fi
-  done
-  echo "${out[*]}"
-}
-
-# Checks that option $1 got a value ($2); a following option means the value was forgotten.
-need_value() {
-  if [[ $# -lt 2 || -z "$2" || "$2" == --* ]]; then
-    die "$1 needs a value"
-  fi
-}
 
 # Makes a local path absolute (the job runs elsewhere, in --repo); URLs such as gs:// stay as they are.
 absolute() {

@@ -141,7 +141,9 @@ def _shellcheck():
 
 @pytest.mark.parametrize("script", SHELL_SCRIPTS, ids=os.path.basename)
 def test_shellcheck_clean(script):
-    result = subprocess.run([_shellcheck(), script], capture_output=True, text=True, timeout=120)
+    # -x follows `source launch/common.sh`, so the shared functions are checked in the context of each script.
+    result = subprocess.run([_shellcheck(), "-x", script], capture_output=True, text=True, timeout=120,
+                            cwd=ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
 
 

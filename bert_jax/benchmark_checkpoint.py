@@ -1,0 +1,119 @@
+"""Checkpoint benchmark: `python -m bert_jax.benchmark_checkpoint --size=base,large`.
+
+For each preset it creates the real train state (fp32 parameters + AdamW moments) on all devices and prints:
+how long an asynchronous save blocks the caller (the copy to host memory) and, where the train step is timed
+(`--step_sizes`), that time as a fraction of one step; how long the background write takes; how long a restore
+into freshly sharded arrays takes; and the checkpoint's size on disk.
+"""
+
+import os
+import shutil
+import statistics
+import tempfile
+import time
+
+from absl import app
+from absl import flags
+import jax
+from jax.sharding import NamedSharding, PartitionSpec
+
+from bert_jax import checkpoint as checkpoint_lib
+from bert_jax import input_pipeline
+from bert_jax import model as model_lib
+from bert_jax import optim
+from bert_jax import sharding as sharding_lib
+from bert_jax import train
+from configs import pretrain
+
+flags.DEFINE_list("size", ["base", "large"], "Presets to measure.")
+flags.DEFINE_list("step_sizes", ["base"], "Presets whose train step is also timed, for the blocking fraction.")
+flags.DEFINE_integer("seq_length", 128, "Sequence length of the timed train step.")
+flags.DEFINE_integer("batch_size", 8, "Global batch of the timed train step.")
+flags.DEFINE_integer("saves", 3, "Saves per preset (the median is reported).")
+flags.DEFINE_string("directory", "", "Where to write the checkpoints (default: a temporary directory, removed).")
+FLAGS = flags.FLAGS
+
+
+def _disk_bytes(path: str) -> int:
+    return sum(os.path.getsize(os.path.join(root, name)) for root, _, names in os.walk(path) for name in names)
+
+
+def measure(size: str, directory: str, time_step: bool) -> dict[str, float]:
+    config = pretrain.get_config(f"size={size},data=synthetic")
+    config.data.max_seq_length = FLAGS.seq_length
+    config.data.max_predictions_per_seq = max(1, round(0.15 * FLAGS.seq_length))
+    config.train.batch_size = FLAGS.batch_size
+    model = model_lib.BertForPreTraining(model_lib.BertConfig.from_config(config.model))
+    mesh = sharding_lib.create_mesh(config.mesh)
+    rules = sharding_lib.logical_rules(config.mesh)
+    tx, schedule = optim.create_optimizer(config.optim, config.train.num_steps)
+    data = config.data
+    batches = input_pipeline.synthetic_batches(batch_size=FLAGS.batch_size, max_seq_length=data.max_seq_length,
+                                               max_predictions_per_seq=data.max_predictions_per_seq,
+                                               vocab_size=config.model.vocab_size, seed=0)
+    result = {}
+    with jax.set_mesh(mesh):
+        state, shardings = train.create_train_state(model, tx, mesh, rules, jax.random.key(0), data.max_seq_length,
+                                                    data.max_predictions_per_seq)
+        replicated = NamedSharding(mesh, PartitionSpec())
+        batch_sharding = sharding_lib.batch_sharding(mesh, rules)
+        step_times = []
+        if time_step:
+            step = jax.jit(train.make_train_step(model, tx, schedule, rules, mesh),
+                           in_shardings=(shardings, batch_sharding, replicated),
+                           out_shardings=(shardings, replicated), donate_argnums=0)
+            for index in range(4):
+                start = time.perf_counter()
+                state, metrics = step(state, sharding_lib.make_global_batch(next(batches), batch_sharding),
+                                      jax.random.key(1))
+                jax.block_until_ready(metrics)
+                if index:  # the first includes compilation
+                    step_times.append(time.perf_counter() - start)
+            result["step_s"] = statistics.median(step_times)
+        jax.block_until_ready(state)
+        checkpointer = checkpoint_lib.Checkpointer(directory, every_steps=1, max_to_keep=1)
+        blocked, written = [], []
+        for save in range(FLAGS.saves):
+            blocked.append(checkpointer.save(save + 1, state, jax.random.key(1), batches))
+            start = time.perf_counter()
+            checkpointer.wait()
+            written.append(time.perf_counter() - start + blocked[-1])
+        checkpointer.close()
+        result["save_blocking_s"] = statistics.median(blocked)
+        result["save_total_s"] = statistics.median(written)
+        result["size_bytes"] = _disk_bytes(os.path.join(directory, str(FLAGS.saves)))
+        result["parameters"] = sum(x.size for x in jax.tree.leaves(state.params))
+        del state
+
+        abstract, shardings, _ = train.abstract_train_state(model, tx, mesh, rules, data.max_seq_length,
+                                                            data.max_predictions_per_seq)
+        checkpointer = checkpoint_lib.Checkpointer(directory, every_steps=1, max_to_keep=1)
+        start = time.perf_counter()
+        _, restored, _ = checkpointer.restore_latest(abstract, shardings, replicated, batches)
+        jax.block_until_ready(restored)
+        result["restore_s"] = time.perf_counter() - start
+        checkpointer.close()
+    return result
+
+
+def main(argv):
+    del argv
+    root = FLAGS.directory or tempfile.mkdtemp(prefix="bert_jax_ckpt_bench_")
+    print(f"devices: {jax.device_count()} x {jax.devices()[0].device_kind}; checkpoints under {root}")
+    print(f"{'size':<6} {'params':>12} {'on disk':>10} {'step s':>8} {'save blocks s':>14} {'% of step':>9} "
+          f"{'save total s':>13} {'restore s':>10}")
+    try:
+        for size in FLAGS.size:
+            figures = measure(size, os.path.join(root, size), size in FLAGS.step_sizes)
+            step = figures.get("step_s")
+            fraction = f"{figures['save_blocking_s'] / step:.1%}" if step else "-"
+            print(f"{size:<6} {figures['parameters']:>12,} {figures['size_bytes'] / 2**30:>8.2f} GiB "
+                  f"{step if step else float('nan'):>8.3f} {figures['save_blocking_s']:>14.3f} {fraction:>9} "
+                  f"{figures['save_total_s']:>13.2f} {figures['restore_s']:>10.2f}", flush=True)
+    finally:
+        if not FLAGS.directory:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -86,6 +86,25 @@ class ProcessCountChangedError(RuntimeError):
     """The checkpoint's input positions were written by a different number of processes."""
 
 
+class CheckpointMismatchError(ValueError):
+    """A readable checkpoint whose arrays do not fit this config (another model size, optimizer, ...)."""
+
+
+def _leaf_name(path) -> str:
+    """'train_state.params.layer_0.attention.query.kernel' for any mix of dict, attribute and index keys."""
+    parts = []
+    for key in path:
+        for attribute in ("key", "name", "idx"):
+            if hasattr(key, attribute):
+                parts.append(str(getattr(key, attribute)))
+                break
+    return ".".join(parts)
+
+
+def _shapes(tree) -> dict[str, tuple]:
+    return {_leaf_name(path): tuple(leaf.shape) for path, leaf in jax.tree_util.tree_leaves_with_path(tree)}
+
+
 # ---------------------------------------------------------------------------------------------------------------
 
 def _abstract(tree, shardings):
@@ -110,8 +129,9 @@ class Checkpointer:
             cleanup_tmp_directories=True,  # a save killed half-way leaves a temporary directory: drop it
             create=True,
         )
-        self.manager = ocp.CheckpointManager(epath.Path(directory), options=options,
-                                             item_names=(STATE_ITEM, DATA_ITEM))
+        self.manager = ocp.CheckpointManager(
+            epath.Path(directory), options=options,
+            item_handlers={STATE_ITEM: ocp.StandardCheckpointHandler(), DATA_ITEM: DataIteratorHandler()})
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
@@ -139,6 +159,28 @@ class Checkpointer:
         self.manager.wait_until_finished()
         self.manager.close()
 
+    def _check_fits(self, step: int, target) -> None:
+        """Raises CheckpointMismatchError, naming an array, if the checkpoint was written for another config.
+
+        Only a checkpoint whose metadata is readable gets here, so a mismatch is a config change, not damage: the
+        run stops rather than skipping (and setting aside) every checkpoint of the workdir.
+        """
+        saved = _shapes(self.manager.item_metadata(step)[STATE_ITEM])
+        wanted = _shapes(target)
+        where = str(epath.Path(self.directory) / str(step))
+        fix = ("use the config the checkpoint was written with, or a new --workdir (--config.init=" + where +
+               " starts a new run from its parameters)")
+        missing, extra = sorted(set(wanted) - set(saved)), sorted(set(saved) - set(wanted))
+        if missing or extra:
+            raise CheckpointMismatchError(f"checkpoint {where} does not fit this config: it lacks {missing[:3]} "
+                                          f"and has {extra[:3]} that this config does not (a different optimizer "
+                                          f"or model?); {fix}")
+        for name, shape in wanted.items():
+            if saved[name] != shape:
+                raise CheckpointMismatchError(f"checkpoint {where} does not fit this config: {name} has shape "
+                                              f"{saved[name]} there but {shape} here (check --config.model.*); "
+                                              f"{fix}")
+
     def _restore_step(self, step: int, abstract_state, state_shardings, rng_sharding, data_iterator):
         target = {"train_state": _abstract(abstract_state, state_shardings),
                   "rng": jax.ShapeDtypeStruct((2,), np.uint32, sharding=rng_sharding)}
@@ -153,8 +195,11 @@ class Checkpointer:
         """(step, state, rng) of the newest checkpoint that restores, or None. Corrupt ones are moved aside."""
         for step in sorted(self.manager.all_steps(), reverse=True):
             try:
+                self._check_fits(step, {"train_state": abstract_state, "rng": jax.ShapeDtypeStruct((2,), np.uint32)})
                 result = self._restore_step(step, abstract_state, state_shardings, rng_sharding, data_iterator)
                 error = None
+            except CheckpointMismatchError:
+                raise
             except ProcessCountChangedError as changed:
                 # Parameters and optimizer state are fine; only the input position cannot be carried over.
                 logging.warning("%s; the input pipeline restarts from a fresh position", changed)

@@ -177,3 +177,28 @@ def test_bad_checkpoint_config_is_named(field, value, message):
     config.checkpoint[field] = value
     with pytest.raises(ValueError, match=message.replace(".", r"\.")):
         train.validate_config(config, jax.device_count())
+
+
+def test_a_checkpoint_of_another_model_is_refused_not_skipped(tmp_path):
+    """A readable checkpoint that does not fit the config stops the run with the array named, and stays put."""
+    config = _config()
+    mesh, rules, model, tx = _state_on_mesh(config, (2, 2, 2))
+    iterator = input_pipeline.synthetic_batches(batch_size=8, max_seq_length=32, max_predictions_per_seq=5,
+                                                vocab_size=512, seed=0)
+    with jax.set_mesh(mesh):
+        state, _ = train.create_train_state(model, tx, mesh, rules, jax.random.key(0), 32, 5)
+        checkpointer = checkpoint_lib.Checkpointer(str(tmp_path), every_steps=1, max_to_keep=2)
+        checkpointer.save(3, state, jax.random.key(0), iterator)
+        checkpointer.close()
+    config.model.intermediate_size = 256
+    mesh, rules, model, tx = _state_on_mesh(config, (2, 2, 2))
+    with jax.set_mesh(mesh):
+        abstract, shardings, _ = train.abstract_train_state(model, tx, mesh, rules, 32, 5)
+        checkpointer = checkpoint_lib.Checkpointer(str(tmp_path), every_steps=1, max_to_keep=2)
+        replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+        with pytest.raises(checkpoint_lib.CheckpointMismatchError,
+                           match=r"train_state\.params\.layer_0\.intermediate\.bias has shape \(512,\) there but "
+                                 r"\(256,\) here"):
+            checkpointer.restore_latest(abstract, shardings, replicated, iterator)
+        checkpointer.close()
+    assert sorted(os.listdir(tmp_path)) == ["3"]

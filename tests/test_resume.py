@@ -158,3 +158,25 @@ def test_two_processes_train_checkpoint_and_resume_like_one(tmp_path):
     for step in range(1, 9):
         for name in ("loss", "mlm_loss", "nsp_loss", "grad_norm"):
             assert got[step][name] == pytest.approx(expected[step][name], rel=1e-6, abs=0), (step, name)
+
+
+@pytest.mark.slow
+def test_sigterm_to_one_of_two_processes_stops_both_at_the_same_saved_step(tmp_path):
+    """The pod-slice preemption path: JAX's preemption service tells every process, all save one step, exit 0."""
+    workdir = tmp_path / "pair"
+    port = _free_port()
+    args = ["--config=configs/pretrain.py:size=tiny,data=synthetic", "--config.train.batch_size=8",
+            "--config.train.log_every=1", "--config.checkpoint.every_steps=0", "--config.mesh.fsdp=2",
+            "--config.mesh.tensor=2", "--config.model.max_position_embeddings=128",
+            "--config.train.num_steps=100000"]
+    processes = [_start(workdir, args, devices=4, extra=(f"--coordinator_address=localhost:{port}",
+                                                         "--num_processes=2", f"--process_id={index}"))
+                 for index in range(2)]
+    _wait_for_step(processes[0], workdir, 3)
+    processes[1].send_signal(signal.SIGTERM)
+    for process in processes:
+        assert process.wait(timeout=120) == 0, _log(workdir)[-4000:]
+    [saved] = _checkpoint_steps(workdir)
+    assert _log(workdir).count(f"SIGTERM received: saved a checkpoint at step {saved} ") == 2
+    assert sorted(os.listdir(workdir / "checkpoints" / str(saved) / "data")) == [
+        "commit_success.txt", "process_0-of-2.json", "process_1-of-2.json"]

@@ -202,7 +202,7 @@ class Checkpointer:
                 raise
             except ProcessCountChangedError as changed:
                 # Parameters and optimizer state are fine; only the input position cannot be carried over.
-                logging.warning("%s; the input pipeline restarts from a fresh position", changed)
+                logging.warning("%s; the input pipeline starts a new stream (seed train.seed + step)", changed)
                 result = self._restore_step(step, abstract_state, state_shardings, rng_sharding, None)
                 error = None
             except Exception as exception:  # pylint: disable=broad-except  # any unreadable file means: skip it

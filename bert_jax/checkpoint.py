@@ -227,21 +227,35 @@ class Checkpointer:
         self.manager.reload()
 
 
+def _step_directory(path: str) -> epath.Path | None:
+    """The step directory `path` names (itself, or a checkpoints directory's latest step); None if neither."""
+    directory = epath.Path(path)
+    if (directory / STATE_ITEM).exists():
+        return directory
+    if not directory.is_dir():
+        return None
+    steps = [int(child.name) for child in directory.iterdir() if child.name.isdigit()
+             and (child / STATE_ITEM).exists()]
+    return directory / str(max(steps)) if steps else None
+
+
+def is_checkpoint(path: str) -> bool:
+    """True for one of our checkpoints: a step directory or a checkpoints directory with at least one step."""
+    return _step_directory(path) is not None
+
+
 def restore_params(path: str, abstract_params, params_shardings):
     """Parameters only from a checkpoint of any run (optimizer state and input position are not read).
 
     `path` is a step directory (.../checkpoints/1000) or a checkpoints directory (its latest step is used).
     """
-    directory = epath.Path(path)
-    if not directory.exists():
+    if not epath.Path(path).exists():
         raise FileNotFoundError(f"checkpoint {path} does not exist; give a step directory (.../checkpoints/1000) "
                                 "or a checkpoints directory")
-    if not (directory / STATE_ITEM).exists():
-        steps = [int(child.name) for child in directory.iterdir() if child.name.isdigit()]
-        if not steps:
-            raise FileNotFoundError(f"{path} is neither a checkpoint step directory (no '{STATE_ITEM}' inside) nor "
-                                    "a checkpoints directory with numbered steps")
-        directory = directory / str(max(steps))
+    directory = _step_directory(path)
+    if directory is None:
+        raise FileNotFoundError(f"{path} is neither a checkpoint step directory (no '{STATE_ITEM}' inside) nor "
+                                "a checkpoints directory with numbered steps")
     target = {"train_state": {"params": _abstract(abstract_params, params_shardings)}}
     restore_args = jax.tree.map(lambda x: ocp.ArrayRestoreArgs(sharding=x.sharding), target)
     checkpointer = ocp.PyTreeCheckpointer()

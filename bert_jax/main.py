@@ -14,6 +14,7 @@ import jax
 from ml_collections import config_flags
 
 import bert_jax  # noqa: F401  (sets XLA flags before JAX starts)
+from bert_jax import finetune
 from bert_jax import sharding
 from bert_jax import train
 
@@ -21,9 +22,11 @@ FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/pretrain.py:size=base.",
                                 lock_config=True)
 flags.DEFINE_string("workdir", None, "Directory for TensorBoard events, metrics.jsonl and checkpoints.")
-flags.DEFINE_enum("mode", "train", ["train", "eval", "export"],
+flags.DEFINE_enum("mode", "train", ["train", "eval", "export", "finetune", "features"],
                   "train: pretrain (resuming from WORKDIR/checkpoints if there are any); eval: held-out MLM/NSP "
-                  "metrics of a checkpoint's parameters; export: a checkpoint to HuggingFace or Flax files.")
+                  "metrics of a checkpoint's parameters; export: a checkpoint to HuggingFace or Flax files; "
+                  "finetune: sequence classification (with configs/finetune.py); features: embeddings to .npy "
+                  "(with configs/finetune.py).")
 flags.DEFINE_string("checkpoint", "", "With --mode=eval/export: a checkpoint step directory, or a checkpoints "
                     "directory (its latest step). Default: WORKDIR/checkpoints.")
 flags.DEFINE_enum("export_format", "hf", ["hf", "flax"], "With --mode=export: 'hf' (a directory transformers' "
@@ -51,11 +54,23 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     logging.get_absl_handler().addFilter(_quiet_checkpointing)
     sharding.initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
+    downstream = FLAGS.mode in ("finetune", "features")
     try:
-        train.validate_config(FLAGS.config, jax.device_count(), jax.process_count())
-    except ValueError as error:
-        raise app.UsageError(f"bad config: {error}") from None
+        if downstream:
+            finetune.validate_config(FLAGS.config, jax.device_count(), jax.process_count(), mode=FLAGS.mode)
+        else:
+            train.validate_config(FLAGS.config, jax.device_count(), jax.process_count())
+    except (ValueError, KeyError, AttributeError) as error:
+        raise app.UsageError(f"bad config for --mode={FLAGS.mode}: {error} (--mode=finetune/features take "
+                             "configs/finetune.py, the other modes configs/pretrain.py)") from None
     logging.info("config:\n%s", FLAGS.config)
+    if FLAGS.mode == "finetune":
+        results = finetune.finetune(FLAGS.config, FLAGS.workdir)
+        logging.info("done: %s", {k: round(v, 4) for k, v in results.items()})
+        return
+    if FLAGS.mode == "features":
+        logging.info("features written to %s", finetune.extract_features(FLAGS.config, FLAGS.workdir))
+        return
     if FLAGS.mode == "export":
         path = train.export_checkpoint(FLAGS.config, FLAGS.workdir, FLAGS.checkpoint, FLAGS.export_format,
                                        FLAGS.output)

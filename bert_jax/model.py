@@ -1,10 +1,13 @@
-"""The BERT encoder with masked-LM and next-sentence-prediction heads (Flax linen).
+"""The BERT encoder with masked-LM and next-sentence-prediction heads (Flax linen), and its downstream forms.
 
 The architecture follows the original google-research/bert `modeling.py`: post-LayerNorm encoder layers, learned
 position embeddings, a tanh pooler on [CLS], an MLM head whose decoder is tied to the word embeddings and that is
 evaluated only at `masked_lm_positions`, and a 2-way NSP head. Every parameter carries logical axis names, and
 activations are constrained at layer boundaries, so the same module runs unsharded or over any
 data/FSDP/tensor mesh (the logical-to-mesh rules live in the config, see `bert_jax.sharding`).
+
+BertModel (features) and BertForSequenceClassification (fine-tuning) build the encoder with the same helper and
+hence the same parameter names (`embeddings`, `layer_{i}`, `pooler`), so pretrained parameters load unchanged.
 """
 
 import dataclasses
@@ -207,6 +210,40 @@ class BertLayer(nn.Module):
         return _constrain(x, ("batch", "length", "act_embed"))
 
 
+def is_encoder_parameter(name: str) -> bool:
+    """True for a top-level parameter name the pretraining and downstream models share (embeddings, layers, pooler).
+
+    BertForPreTraining's parameters minus the heads (nsp_head, mlm_*) are exactly those of BertModel, and those of
+    BertForSequenceClassification minus `classifier`, so pretrained parameters load by name with no renaming.
+    """
+    return name == "embeddings" or name == "pooler" or (name.startswith("layer_") and name[6:].isdigit())
+
+
+def _encode(config: BertConfig, input_ids, input_mask, segment_ids, deterministic: bool):
+    """Embeddings and every encoder layer, created as `embeddings` and `layer_{i}` in the CALLING compact module.
+
+    A function rather than a submodule so that the callers (pretraining, classification, features) all own the
+    same top-level names. Returns (sequence_output, hidden_states, embeddings module); hidden_states holds the
+    embeddings output and every layer's output.
+    """
+    _, length = input_ids.shape
+    position_ids = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32)[None, :], input_ids.shape)
+    attention_mask = input_mask.astype(bool)
+
+    embeddings = BertEmbeddings(config, name="embeddings")
+    x = embeddings(input_ids, segment_ids, position_ids, deterministic)
+    hidden_states = [x]
+    for index in range(config.num_layers):
+        x = BertLayer(config, name=f"layer_{index}")(x, attention_mask, deterministic)
+        hidden_states.append(x)
+    return x, tuple(hidden_states), embeddings
+
+
+def _pool(config: BertConfig, sequence_output):
+    """The BERT pooler, created as `pooler` in the calling compact module: tanh(dense([CLS] hidden state))."""
+    return nn.tanh(_dense(config, config.hidden_size, ("embed", None), "pooler")(sequence_output[:, 0]))
+
+
 class BertForPreTraining(nn.Module):
     """Encoder plus pooler, MLM head (tied decoder + output bias) and NSP head.
 
@@ -222,18 +259,8 @@ class BertForPreTraining(nn.Module):
     def __call__(self, input_ids, input_mask, segment_ids, masked_lm_positions, deterministic: bool = True,
                  output_hidden_states: bool = False) -> dict[str, Any]:
         config = self.config
-        _, length = input_ids.shape
-        position_ids = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32)[None, :], input_ids.shape)
-        attention_mask = input_mask.astype(bool)
-
-        embeddings = BertEmbeddings(config, name="embeddings")
-        x = embeddings(input_ids, segment_ids, position_ids, deterministic)
-        hidden_states = [x]
-        for index in range(config.num_layers):
-            x = BertLayer(config, name=f"layer_{index}")(x, attention_mask, deterministic)
-            hidden_states.append(x)
-
-        pooled = nn.tanh(_dense(config, config.hidden_size, ("embed", None), "pooler")(x[:, 0]))
+        x, hidden_states, embeddings = _encode(config, input_ids, input_mask, segment_ids, deterministic)
+        pooled = _pool(config, x)
         nsp_logits = nn.Dense(2, dtype=jnp.float32, param_dtype=jnp.float32,
                               kernel_init=_kernel_init(config, ("embed", "classes")), bias_init=_zeros(("classes",)),
                               name="nsp_head")(pooled)
@@ -248,5 +275,43 @@ class BertForPreTraining(nn.Module):
         outputs = {"mlm_logits": mlm_logits, "nsp_logits": nsp_logits, "sequence_output": x,
                    "pooled_output": pooled}
         if output_hidden_states:
-            outputs["hidden_states"] = tuple(hidden_states)
+            outputs["hidden_states"] = hidden_states
         return outputs
+
+
+class BertModel(nn.Module):
+    """The encoder and pooler alone, for features: BertForPreTraining's parameters minus its heads.
+
+    Returns `sequence_output` ([batch, length, hidden]), `pooled_output` ([batch, hidden]) and `hidden_states`
+    (the embeddings output and every layer's output; unused ones cost nothing under jit).
+    """
+
+    config: BertConfig
+
+    @nn.compact
+    def __call__(self, input_ids, input_mask, segment_ids, deterministic: bool = True) -> dict[str, Any]:
+        x, hidden_states, _ = _encode(self.config, input_ids, input_mask, segment_ids, deterministic)
+        return {"sequence_output": x, "pooled_output": _pool(self.config, x), "hidden_states": hidden_states}
+
+
+class BertForSequenceClassification(nn.Module):
+    """Encoder, pooler, dropout and a linear `classifier` on the pooled [CLS] vector, as in the BERT paper.
+
+    Its parameters are BertModel's plus `classifier` (kernel [hidden, num_classes], logical axes
+    ("embed", "classes"), initialised like the original run_classifier.py: truncated normal, zero bias). Returns
+    `logits` ([batch, num_classes], float32) and `pooled_output`.
+    """
+
+    config: BertConfig
+    num_classes: int
+
+    @nn.compact
+    def __call__(self, input_ids, input_mask, segment_ids, deterministic: bool = True) -> dict[str, Any]:
+        config = self.config
+        x, _, _ = _encode(config, input_ids, input_mask, segment_ids, deterministic)
+        pooled = _pool(config, x)
+        dropped = nn.Dropout(config.dropout_rate)(pooled, deterministic=deterministic)
+        logits = nn.Dense(self.num_classes, dtype=jnp.float32, param_dtype=jnp.float32,
+                          kernel_init=_kernel_init(config, ("embed", "classes")), bias_init=_zeros(("classes",)),
+                          name="classifier")(dropped)
+        return {"logits": logits, "pooled_output": pooled}

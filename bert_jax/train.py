@@ -323,12 +323,36 @@ def _start_state(run: _Run, checkpointer, train_batches):
     state, shardings = create_train_state(run.model, run.tx, run.mesh, run.rules, init_rng, data.max_seq_length,
                                           data.max_predictions_per_seq)
     if run.config.init:
-        params, source = checkpoint_lib.restore_params(run.config.init, abstract.params, shardings.params)
+        params, source = _init_params(run.config.init, run.model_config, abstract.params, shardings.params)
         state = state.replace(params=params)
         logging.info("initialised parameters from %s (--config.init); optimizer and step start afresh", source)
     else:
         logging.info("no checkpoint in %s: starting from scratch (seed %d)", checkpointer.directory, train.seed)
     return state, shardings, step_rng, train_batches
+
+
+# Architecture fields an imported checkpoint must agree on with config.model (vocab_size may be padded up).
+_ARCHITECTURE_FIELDS = ("hidden_size", "num_layers", "num_heads", "intermediate_size", "max_position_embeddings",
+                        "type_vocab_size", "hidden_act")
+
+
+def _init_params(path: str, model_config: model_lib.BertConfig, abstract_params, params_shardings):
+    """Parameters for --config.init: one of our checkpoints, or a HuggingFace / original Google / Flax export
+    (bert_jax.export.load_pretrained: heads missing there are initialised and reported)."""
+    if checkpoint_lib.is_checkpoint(path):
+        return checkpoint_lib.restore_params(path, abstract_params, params_shardings)
+    from bert_jax import export  # pylint: disable=import-outside-toplevel
+    imported, params, report = export.load_pretrained(path, vocab_size=model_config.vocab_size)
+    for field in _ARCHITECTURE_FIELDS:
+        if getattr(imported, field) != getattr(model_config, field):
+            raise ValueError(f"--config.init={path} has {field}={getattr(imported, field)!r} but "
+                             f"--config.model.{field}={getattr(model_config, field)!r}; set "
+                             f"--config.model.{field}={getattr(imported, field)!r}")
+    for note in report.notes:
+        logging.info("--config.init: %s", note)
+    if report.initialized:
+        logging.warning("--config.init: %s has no %s; initialised afresh", path, ", ".join(report.initialized))
+    return jax.device_put(params, params_shardings), path
 
 
 class _Profiler:

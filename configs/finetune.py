@@ -1,0 +1,146 @@
+"""Fine-tuning (sentence / sentence-pair classification) and feature-extraction recipe.
+
+`--config=configs/finetune.py:size=base,task=sst2` picks a model preset and a task; override any field with
+`--config.optim.learning_rate=3e-5`. Tasks: `csv` (the default: your own CSV/TSV files, set data.train_file,
+data.eval_file and the column names) or a GLUE classification task read from TensorFlow Datasets (cola, sst2,
+mrpc, qqp, mnli, qnli, rte, wnli; prepared beforehand with `tfds build glue/TASK`, never downloaded here).
+Defaults follow the BERT paper's fine-tuning recipe: AdamW at 2e-5, batch 32, 3 epochs, 10% warmup, dropout 0.1.
+The config is locked, so a misspelt override is an error rather than a silently ignored flag.
+"""
+
+import ml_collections
+
+from configs.pretrain import MODEL_PRESETS
+
+# task -> (TFDS name, text columns, train split, eval split); labels are the dataset's `label` ClassLabel.
+GLUE_TASKS = {
+    "cola": ("glue/cola", "sentence", "train", "validation"),
+    "sst2": ("glue/sst2", "sentence", "train", "validation"),
+    "mrpc": ("glue/mrpc", "sentence1,sentence2", "train", "validation"),
+    "qqp": ("glue/qqp", "question1,question2", "train", "validation"),
+    "mnli": ("glue/mnli", "premise,hypothesis", "train", "validation_matched"),
+    "qnli": ("glue/qnli", "question,sentence", "train", "validation"),
+    "rte": ("glue/rte", "sentence1,sentence2", "train", "validation"),
+    "wnli": ("glue/wnli", "sentence1,sentence2", "train", "validation"),
+}
+
+
+def _parse_arg(arg):
+    options = {"size": "tiny", "task": "csv"}
+    for item in filter(None, (arg or "").split(",")):
+        key, sep, value = item.partition("=")
+        if not sep:  # a bare word is the size, as in `configs/finetune.py:base`
+            key, value = "size", key
+        if key not in options:
+            raise ValueError(f"configs/finetune.py: unknown option {key!r} in {arg!r}; known: {sorted(options)}")
+        options[key] = value
+    if options["size"] not in MODEL_PRESETS:
+        raise ValueError(f"configs/finetune.py: unknown size {options['size']!r}; choose one of "
+                         f"{list(MODEL_PRESETS)}")
+    if options["task"] != "csv" and options["task"] not in GLUE_TASKS:
+        raise ValueError(f"configs/finetune.py: unknown task {options['task']!r}; choose csv or one of "
+                         f"{list(GLUE_TASKS)}")
+    return options
+
+
+def get_config(arg=None):
+    options = _parse_arg(arg)
+    layers, hidden, heads = MODEL_PRESETS[options["size"]]
+    config = ml_collections.ConfigDict()
+
+    # With a HuggingFace / original-TF config.init, the architecture is the checkpoint's (only model.dtype and the
+    # dropout rates below are taken from here); with a bert_jax checkpoint it must match these fields.
+    config.model = model = ml_collections.ConfigDict()
+    model.vocab_size = 30522  # word-embedding rows; must be >= the tokenizer's vocab size
+    model.hidden_size = hidden  # width of the residual stream
+    model.num_layers = layers  # number of encoder layers
+    model.num_heads = heads  # attention heads; must divide hidden_size
+    model.intermediate_size = 4 * hidden  # feed-forward width
+    model.hidden_act = "gelu_tanh"  # "gelu_tanh" (the original BERT code) or "gelu" (exact erf form)
+    model.max_position_embeddings = 512  # learned position table size; must be >= data.max_seq_length
+    model.type_vocab_size = 2  # segment (token type) ids
+    model.dropout_rate = 0.1  # hidden-state dropout, also applied to the pooled vector before the classifier
+    model.attention_dropout_rate = 0.1  # dropout on attention probabilities
+    model.initializer_range = 0.02  # stddev of the truncated-normal initialiser (also the classifier's)
+    model.layer_norm_eps = 1e-12  # as in the original BERT
+    model.dtype = "float32"  # compute dtype: "float32" or "bfloat16" (parameters always stay float32)
+
+    config.mesh = mesh = ml_collections.ConfigDict()
+    mesh.data = -1  # data-parallel axis size; -1 fills the devices left over by the other axes
+    mesh.fsdp = 1  # fully-sharded data-parallel axis size (parameters and optimizer state sharded over it)
+    mesh.tensor = 1  # tensor-parallel axis size (heads, mlp and vocab split over it)
+    # Logical axis -> mesh axes, as in configs/pretrain.py (batch over ('fsdp', 'data'): see the note there).
+    mesh.rules = (
+        ("batch", ("fsdp", "data")),
+        ("length", None),
+        ("act_embed", None),
+        ("act_heads", "tensor"),
+        ("act_mlp", "tensor"),
+        ("embed", "fsdp"),
+        ("heads", "tensor"),
+        ("mlp", "tensor"),
+        ("vocab", "tensor"),
+        ("position", None),
+        ("segment", None),
+        ("norm", None),
+        ("classes", None),
+    )
+
+    config.optim = optim = ml_collections.ConfigDict()
+    optim.optimizer = "adamw"  # "adamw" or "lamb"
+    optim.learning_rate = 2e-5  # peak learning rate, reached at the end of warmup
+    optim.warmup_steps = 0  # linear warmup steps; 0 means warmup_proportion of the run
+    optim.warmup_proportion = 0.1  # fraction of the steps spent warming up when warmup_steps is 0
+    optim.decay = "linear"  # "linear" or "polynomial" decay to end_learning_rate at the last step
+    optim.decay_power = 1.0  # exponent of the polynomial decay
+    optim.end_learning_rate = 0.0  # learning rate at the last step
+    optim.weight_decay = 0.01  # decoupled weight decay; never applied to LayerNorm parameters or biases
+    optim.b1 = 0.9  # Adam/LAMB first-moment decay
+    optim.b2 = 0.999  # Adam/LAMB second-moment decay
+    optim.eps = 1e-6  # Adam/LAMB epsilon
+    optim.max_grad_norm = 1.0  # global-norm clipping; 0 disables it
+    optim.grad_accum_steps = 1  # must stay 1: fine-tuning batches are small enough not to need accumulation
+
+    config.data = data = ml_collections.ConfigDict()
+    # Sources: a CSV (.csv) or TSV (.tsv) file with a header row, or "tfds:NAME[:VERSION]:SPLIT" (prepared only).
+    data.train_file = ""  # training examples (local path, gs://, or tfds:NAME:SPLIT)
+    data.eval_file = ""  # held-out examples for eval accuracy; empty = no evaluation
+    data.format = "auto"  # "csv", "tsv", "tfds", "txt" or "auto" (tfds: prefix, .tsv, .txt, otherwise csv)
+    data.text_columns = "sentence"  # one column (single sentence) or two, comma-separated (sentence pair)
+    data.label_column = "label"  # column with the class; strings or integers
+    # Class names in id order; empty: the TFDS ClassLabel's names, else the training labels sorted (numerically
+    # when all are integers). The map is logged and saved to WORKDIR/finetuned/labels.json.
+    data.label_names = ""
+    data.max_seq_length = 128  # [CLS] a [SEP] b [SEP] padded/truncated to this length (the longer text is cut first)
+    data.vocab_file = ""  # WordPiece vocab.txt, SentencePiece .model or tokenizer directory (required)
+    data.do_lower_case = True  # lower-case before tokenising; must match how the model was pretrained
+    data.tfds_data_dir = ""  # where prepared TFDS datasets live; empty: $TFDS_DATA_DIR or ~/tensorflow_datasets
+
+    config.train = train = ml_collections.ConfigDict()
+    train.batch_size = 32  # global batch size (training, evaluation and features), over all processes
+    train.num_steps = 0  # optimizer steps; 0 means num_epochs passes over the training set
+    train.num_epochs = 3.0  # passes over the training set when num_steps is 0
+    train.log_every = 50  # steps between log lines and TensorBoard points
+    train.eval_every = 0  # steps between evaluations (and always at the end); 0 = only at the end
+    train.seed = 0  # seeds the classifier initialisation, dropout and the example order
+
+    # Parameters to start from: a bert_jax pretraining checkpoint (step directory or checkpoints directory), a
+    # fine-tuned WORKDIR/finetuned directory, or a HuggingFace / original-TF BERT checkpoint (via
+    # bert_jax.export). Only the encoder and pooler are read; the classifier always starts fresh. Empty: from scratch.
+    config.init = ""
+
+    config.features = features = ml_collections.ConfigDict()
+    features.input_file = ""  # texts to embed: CSV/TSV/tfds (data.text_columns) or .txt (one text per line)
+    # "cls": last layer's [CLS] vector; "mean": mean of the last layer over real tokens ([CLS] and [SEP] included);
+    # "last4": the [CLS] vectors of the last four layers concatenated, last layer first (4 * hidden wide).
+    features.pooling = "cls"
+    features.output = ""  # .npy path for the [num_texts, width] float32 array; empty: WORKDIR/features.npy
+
+    if options["task"] in GLUE_TASKS:
+        name, columns, train_split, eval_split = GLUE_TASKS[options["task"]]
+        data.train_file = f"tfds:{name}:{train_split}"
+        data.eval_file = f"tfds:{name}:{eval_split}"
+        data.text_columns = columns
+    if options["size"] == "tiny":
+        optim.learning_rate = 1e-4  # small models from scratch need a larger step than BERT-base's 2e-5
+    return config

@@ -1,0 +1,410 @@
+"""Fine-tuning and feature extraction: a learnable task, exact loading of pretrained encoders, features in order,
+mask-aware pooling, and errors that name the problem."""
+
+import csv
+import json
+import os
+import socket
+import sys
+import types
+
+import flax.linen as nn
+import jax
+import numpy as np
+import pytest
+
+from bert_jax import checkpoint as checkpoint_lib
+from bert_jax import finetune
+from bert_jax import finetune_data
+from bert_jax import model as model_lib
+from bert_jax import optim
+from bert_jax import sharding as sharding_lib
+from bert_jax import tokenization
+from bert_jax import train
+from configs import finetune as finetune_configs
+from tests import helpers
+
+FILLER = ("the a movie film plot actor scene story was is very quite really and but this that with music ending "
+          "cast director script it felt looked seemed to me of").split()
+POSITIVE = ("great", "excellent", "wonderful", "superb")
+NEGATIVE = ("awful", "terrible", "boring", "dreadful")
+
+
+def _reviews(count, seed):
+    """Filler sentences with one sentiment word at a random place; the label is that word's polarity."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for _ in range(count):
+        positive = bool(rng.integers(2))
+        words = list(rng.choice(FILLER, size=int(rng.integers(3, 9))))
+        words.insert(int(rng.integers(len(words) + 1)), str(rng.choice(POSITIVE if positive else NEGATIVE)))
+        rows.append((" ".join(words), "positive" if positive else "negative"))
+    return rows
+
+
+def _write_csv(path, rows, header=("review", "sentiment"), delimiter=","):
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f, delimiter=delimiter)
+        writer.writerow(header)
+        writer.writerows(rows)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def task(tmp_path_factory):
+    """train.csv (400 reviews), eval.csv (200 others) and a WordPiece vocab trained on them."""
+    directory = tmp_path_factory.mktemp("sentiment")
+    train_rows, eval_rows = _reviews(400, seed=0), _reviews(200, seed=1)
+    tokenizer = tokenization.train_wordpiece([text for text, _ in train_rows + eval_rows], vocab_size=200,
+                                             output_dir=str(directory / "vocab"), min_frequency=1)
+    return {"train": _write_csv(directory / "train.csv", train_rows),
+            "eval": _write_csv(directory / "eval.csv", eval_rows),
+            "vocab": str(directory / "vocab"), "vocab_size": tokenizer.vocab_size}
+
+
+def _config(task, mesh_shape=(-1, 1, 1), **model_overrides):
+    config = finetune_configs.get_config("size=tiny")
+    config.mesh.data, config.mesh.fsdp, config.mesh.tensor = mesh_shape
+    config.model.vocab_size = tokenization.padded_vocab_size(task["vocab_size"])
+    config.model.max_position_embeddings = 64
+    for key, value in model_overrides.items():
+        config.model[key] = value
+    config.data.train_file, config.data.eval_file = task["train"], task["eval"]
+    config.data.text_columns, config.data.label_column = "review", "sentiment"
+    config.data.vocab_file = task["vocab"]
+    config.data.max_seq_length = 16
+    config.train.batch_size = 32
+    return config
+
+
+def test_finetuning_learns_a_keyword_task_sharded_over_a_2x2x2_mesh(task, tmp_path):
+    config = _config(task, mesh_shape=(2, 2, 2), dropout_rate=0.0, attention_dropout_rate=0.0)
+    config.optim.learning_rate = 1e-3
+    config.train.num_steps = 90
+    config.train.log_every = 30
+    config.train.eval_every = 45
+    workdir = str(tmp_path / "work")
+    final = finetune.finetune(config, workdir)
+    assert final["step"] == 90
+    assert final["eval_accuracy"] >= 0.9, final  # chance is 0.5 on 200 held-out reviews
+    lines = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8")]
+    assert [line["step"] for line in lines] == [30, 45, 60, 90]
+    assert ["eval_accuracy" in line for line in lines] == [False, True, False, True]
+    assert lines[-1]["loss"] < 0.5 * lines[0]["loss"], lines
+    assert os.listdir(os.path.join(workdir, "tensorboard"))
+    saved = os.path.join(workdir, finetune.FINETUNED_SUBDIR)
+    assert json.load(open(os.path.join(saved, finetune.LABELS_FILE), encoding="utf-8")) == ["negative", "positive"]
+    # The saved parameters read back (as --config.init does), classifier included, onto a different mesh.
+    config.mesh.data, config.mesh.fsdp, config.mesh.tensor = 8, 1, 1
+    model = model_lib.BertForSequenceClassification(finetune.resolve_model(config).model_config, 2)
+    mesh = sharding_lib.create_mesh(config.mesh)
+    rules = sharding_lib.logical_rules(config.mesh)
+    with jax.set_mesh(mesh):
+        boxed, shardings, _ = finetune._abstract_params(model, mesh, rules, 16)  # pylint: disable=protected-access
+        params, _ = checkpoint_lib.restore_params(saved, sharding_lib.unbox(boxed), shardings)
+    assert np.asarray(params["classifier"]["kernel"]).shape == (128, 2)
+    assert np.abs(np.asarray(params["classifier"]["bias"])).max() > 0  # trained, not the zero initialisation
+
+
+def test_downstream_models_share_the_pretraining_parameter_tree_and_outputs():
+    config = model_lib.BertConfig(vocab_size=97, hidden_size=32, num_layers=3, num_heads=4, intermediate_size=64,
+                                  max_position_embeddings=40)
+    rng = np.random.default_rng(0)
+    ids = rng.integers(1, 97, size=(2, 10)).astype(np.int32)
+    mask = np.ones_like(ids)
+    mask[1, 6:] = 0
+    segments = np.zeros_like(ids)
+
+    def boxed(model, *extra):
+        return jax.eval_shape(lambda: model.init(jax.random.key(0), ids, mask, segments, *extra))["params"]
+
+    def names(tree):  # path -> (shape, logical axis names)
+        leaves = jax.tree_util.tree_leaves_with_path(tree, is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned))
+        return {jax.tree_util.keystr(path): (leaf.value.shape, leaf.names) for path, leaf in leaves}
+
+    pretraining = names(boxed(model_lib.BertForPreTraining(config), np.zeros((2, 1), np.int32)))
+    encoder = {k: v for k, v in pretraining.items() if not k.startswith(("['nsp_head']", "['mlm_"))}
+    assert names(boxed(model_lib.BertModel(config))) == encoder
+    classifier = names(boxed(model_lib.BertForSequenceClassification(config, 5)))
+    assert {k: v for k, v in classifier.items() if not k.startswith("['classifier']")} == encoder
+    assert classifier["['classifier']['kernel']"] == ((32, 5), ("embed", "classes"))
+
+    params = nn.meta.unbox(model_lib.BertForPreTraining(config).init(jax.random.key(1), ids, mask, segments,
+                                                                     np.zeros((2, 1), np.int32)))["params"]
+    full = model_lib.BertForPreTraining(config).apply({"params": params}, ids, mask, segments,
+                                                      np.zeros((2, 1), np.int32), output_hidden_states=True)
+    shared = {k: v for k, v in params.items() if model_lib.is_encoder_parameter(k)}
+    features = model_lib.BertModel(config).apply({"params": shared}, ids, mask, segments)
+    for key in ("sequence_output", "pooled_output"):
+        np.testing.assert_array_equal(features[key], full[key])
+    assert len(features["hidden_states"]) == 4
+    head = {"kernel": rng.normal(size=(32, 5)).astype(np.float32), "bias": np.arange(5, dtype=np.float32)}
+    logits = model_lib.BertForSequenceClassification(config, 5).apply({"params": dict(shared, classifier=head)},
+                                                                       ids, mask, segments)["logits"]
+    np.testing.assert_allclose(logits, np.asarray(full["pooled_output"]) @ head["kernel"] + head["bias"],
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_encoding_places_special_tokens_and_truncates_the_longer_text_first():
+    tokenizer = tokenization.load_tokenizer(os.path.join(helpers.FIXTURES, "vocab_uncased.txt"))
+    pair = finetune_data.Examples([["The quick brown fox jumps", "Hi"], ["hello world", "there"]], None, "<test>")
+    encoded = finetune_data.encode_examples(tokenizer, pair, max_seq_length=8)
+    tokens = tokenizer.convert_ids_to_tokens(encoded["input_ids"][0])
+    # 5 + 2 tokens into a budget of 5: two pops from the longer first text.
+    assert tokens == ["[CLS]", "the", "quick", "brown", "[SEP]", "hello", "world", "[SEP]"]
+    np.testing.assert_array_equal(encoded["segment_ids"][0], [0, 0, 0, 0, 0, 1, 1, 1])
+    assert tokenizer.convert_ids_to_tokens(encoded["input_ids"][1][:5]) == ["[CLS]", "hi", "[SEP]", "there", "[SEP]"]
+    np.testing.assert_array_equal(encoded["input_mask"][1], [1, 1, 1, 1, 1, 0, 0, 0])
+    np.testing.assert_array_equal(encoded["input_ids"][1][5:], tokenizer.pad_id)
+    np.testing.assert_array_equal(encoded["segment_ids"][1], [0, 0, 0, 1, 1, 0, 0, 0])
+    assert finetune_data.truncate_pair(3, 3, 4) == (2, 2)  # ties drop from the second text, as the original did
+    single = finetune_data.encode_examples(tokenizer, finetune_data.Examples([["a b c d e f g"]], None, "<test>"), 5)
+    assert tokenizer.convert_ids_to_tokens(single["input_ids"][0]) == ["[CLS]", "a", "b", "c", "[SEP]"]
+
+
+def test_labels_map_to_ids_in_a_stable_documented_order(task):
+    config = _config(task)
+    examples = finetune_data.Examples([["x"] * 4], ["10", "2", "2", "10"], "<test>")
+    assert finetune_data.label_names(examples, config.data) == ["2", "10"]  # integers sort numerically
+    config.data.label_names = "10,2"
+    names = finetune_data.label_names(examples, config.data)
+    np.testing.assert_array_equal(finetune_data.label_ids(examples, names), [0, 1, 1, 0])
+    with pytest.raises(ValueError, match=r"labels \['7'\] are not among the classes \['10', '2'\].*label_names"):
+        finetune_data.label_ids(finetune_data.Examples([["x"]], ["7"], "eval.csv"), names)
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory):
+    """A 2-step tiny pretraining run's checkpoint and its parameters, read back as pretraining parameters."""
+    workdir = str(tmp_path_factory.mktemp("pretrain"))
+    config = helpers.tiny_config((-1, 1, 1), num_steps=2, log_every=1)
+    config.checkpoint.async_save = False
+    train.train_and_evaluate(config, workdir)
+    model = model_lib.BertForPreTraining(model_lib.BertConfig.from_config(config.model))
+    tx, _ = optim.create_optimizer(config.optim, 2)
+    config.mesh.data = 1
+    mesh = sharding_lib.create_mesh(config.mesh, jax.devices()[:1])
+    rules = sharding_lib.logical_rules(config.mesh)
+    with jax.set_mesh(mesh):
+        abstract, shardings, _ = train.abstract_train_state(model, tx, mesh, rules, 32, 5)
+        params, _ = checkpoint_lib.restore_params(os.path.join(workdir, "checkpoints"), abstract.params,
+                                                  shardings.params)
+    return {"path": os.path.join(workdir, "checkpoints"), "params": jax.device_get(params), "config": config}
+
+
+def _from_pretrained(task, pretrained, mesh_shape=(-1, 1, 1)):
+    config = _config(task, mesh_shape)
+    for key in ("vocab_size", "max_position_embeddings", "dropout_rate", "attention_dropout_rate"):
+        config.model[key] = pretrained["config"].model[key]
+    config.init = pretrained["path"]
+    return config
+
+
+def test_init_from_a_pretraining_checkpoint_loads_the_encoder_exactly(task, pretrained):
+    config = _from_pretrained(task, pretrained, mesh_shape=(2, 2, 2))
+    source = finetune.resolve_model(config)
+    model = model_lib.BertForSequenceClassification(source.model_config, 3)
+    mesh = sharding_lib.create_mesh(config.mesh)
+    rules = sharding_lib.logical_rules(config.mesh)
+    with jax.set_mesh(mesh):
+        params, _ = finetune.load_params(config, model, source, mesh, rules, jax.random.key(7))
+    embedding = params["embeddings"]["word_embeddings"]["embedding"]
+    assert embedding.sharding.spec == jax.sharding.PartitionSpec("tensor", "fsdp")  # born sharded
+    expected = {name: value for name, value in pretrained["params"].items() if model_lib.is_encoder_parameter(name)}
+    assert sorted(expected) == ["embeddings", "layer_0", "layer_1", "pooler"]
+    assert sorted(params) == sorted([*expected, "classifier"])
+    for (path, want), got in zip(jax.tree_util.tree_leaves_with_path(expected),
+                                 jax.tree.leaves({name: params[name] for name in expected})):
+        np.testing.assert_array_equal(np.asarray(got), want, err_msg=jax.tree_util.keystr(path))
+    kernel = np.asarray(params["classifier"]["kernel"])
+    assert kernel.shape == (128, 3) and 0.014 < kernel.std() < 0.02 and np.abs(kernel).max() <= 0.04 + 1e-6
+    np.testing.assert_array_equal(params["classifier"]["bias"], 0.0)
+
+    config.model.intermediate_size = 256  # not the checkpoint's architecture: named before anything is read
+    model = model_lib.BertForSequenceClassification(finetune.resolve_model(config).model_config, 3)
+    with jax.set_mesh(mesh), pytest.raises(ValueError, match=r"layer_0.intermediate.bias has shape \(512,\) in "
+                                                             r".*checkpoints/2 but \(256,\).*config.model"):
+        finetune.load_params(config, model, source, mesh, rules, jax.random.key(7))
+
+
+def test_init_from_a_foreign_checkpoint_takes_its_architecture_and_weights(task, tmp_path, monkeypatch):
+    # bert_jax.export.load_pretrained (HuggingFace / original TF) stood in for by a fake: the contract is
+    # (BertConfig, BertForPreTraining-shaped host params, report).
+    foreign = model_lib.BertConfig(vocab_size=256, hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128,
+                                   max_position_embeddings=32, dropout_rate=0.3)
+    ids = np.zeros((1, 8), np.int32)
+    weights = jax.tree.map(np.asarray, nn.meta.unbox(model_lib.BertForPreTraining(foreign).init(
+        jax.random.key(3), ids, ids, ids, np.zeros((1, 1), np.int32)))["params"])
+    served = {"params": weights}
+    fake = types.ModuleType("bert_jax.export")
+    fake.load_pretrained = lambda path: (foreign, served["params"], f"fake import of {path}")
+    monkeypatch.setitem(sys.modules, "bert_jax.export", fake)
+    hf_dir = tmp_path / "hf_model"
+    hf_dir.mkdir()
+    (hf_dir / "config.json").write_text("{}")
+    config = _config(task, mesh_shape=(2, 2, 2))
+    config.init = str(hf_dir)
+    source = finetune.resolve_model(config)
+    assert source.model_config.hidden_size == 64 and source.model_config.vocab_size == 256
+    assert source.model_config.dropout_rate == config.model.dropout_rate == 0.1  # dropout is this config's
+    model = model_lib.BertForSequenceClassification(source.model_config, 2)
+    mesh = sharding_lib.create_mesh(config.mesh)
+    rules = sharding_lib.logical_rules(config.mesh)
+    with jax.set_mesh(mesh):
+        params, _ = finetune.load_params(config, model, source, mesh, rules, jax.random.key(0))
+        for name in ("embeddings", "layer_0", "layer_1", "pooler"):
+            for want, got in zip(jax.tree.leaves(weights[name]), jax.tree.leaves(params[name])):
+                np.testing.assert_array_equal(np.asarray(got), want)
+        assert np.asarray(params["classifier"]["kernel"]).shape == (64, 2)
+
+        served["params"] = {name: value for name, value in weights.items() if name != "pooler"}
+        params, _ = finetune.load_params(config, model, finetune.resolve_model(config), mesh, rules,
+                                         jax.random.key(0))
+        assert not np.array_equal(np.asarray(params["pooler"]["kernel"]), weights["pooler"]["kernel"])  # fresh
+        served["params"] = {name: value for name, value in weights.items() if name != "layer_1"}
+        with pytest.raises(ValueError, match=r"the converted checkpoint lacks \['layer_1'\]"):
+            finetune.load_params(config, model, finetune.resolve_model(config), mesh, rules, jax.random.key(0))
+
+    monkeypatch.setitem(sys.modules, "bert_jax.export", None)  # the import fails
+    with pytest.raises(ValueError, match=r"not a bert_jax checkpoint.*bert_jax.export.load_pretrained could not "
+                                         r"be imported"):
+        finetune.resolve_model(config)
+
+
+def _write_lines(path, texts):
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("".join(text + "\n" for text in texts))
+    return str(path)
+
+
+def _features(config, texts, path, pooling="cls", seq_length=16, batch_size=8):
+    config.features.input_file = _write_lines(path.with_suffix(".txt"), texts)
+    config.features.output = str(path.with_suffix(".npy"))
+    config.features.pooling = pooling
+    config.data.max_seq_length = seq_length
+    config.train.batch_size = batch_size
+    return np.load(finetune.extract_features(config, str(path.parent)))
+
+
+def test_cls_features_equal_the_model_output_in_input_order(task, pretrained, tmp_path):
+    texts = [" ".join(FILLER[: 1 + (7 * i) % 11]) for i in range(11)]  # 11 texts: the last batch of 8 is padded
+    config = _from_pretrained(task, pretrained, mesh_shape=(2, 2, 2))
+    features = _features(config, texts, tmp_path / "cls")
+    assert features.shape == (11, 128) and features.dtype == np.float32
+    tokenizer = tokenization.load_tokenizer(task["vocab"])
+    encoded = finetune_data.encode_examples(tokenizer, finetune_data.Examples([texts], None, "<test>"), 16)
+    model = model_lib.BertModel(finetune.resolve_model(config).model_config)
+    params = {name: value for name, value in pretrained["params"].items() if model_lib.is_encoder_parameter(name)}
+    direct = model.apply({"params": params}, encoded["input_ids"], encoded["input_mask"], encoded["segment_ids"])
+    np.testing.assert_allclose(features, np.asarray(direct["sequence_output"][:, 0]), rtol=1e-5, atol=1e-5)
+    assert len({row.tobytes() for row in features}) == 11  # every row a different text: none duplicated or dropped
+
+
+def test_mean_pooling_ignores_padding_and_last4_concatenates_layers(task, pretrained, tmp_path):
+    config = _from_pretrained(task, pretrained)
+    short, long = "the plot was great", " ".join(FILLER[:20])
+    alone = _features(config, [short], tmp_path / "alone", pooling="mean")
+    together = _features(config, [long, short, short], tmp_path / "together", pooling="mean")
+    wider = _features(config, [short], tmp_path / "wider", pooling="mean", seq_length=40)
+    assert alone.shape == (1, 128)
+    np.testing.assert_allclose(together[1:], np.repeat(alone, 2, 0), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(wider, alone, rtol=1e-5, atol=1e-5)  # 34 padding positions instead of 10
+    assert not np.allclose(together[0], alone[0], atol=1e-3)
+
+    with pytest.raises(ValueError, match=r"features.pooling='last4' needs at least 4 layers.*has 2"):
+        _features(config, [short], tmp_path / "last4", pooling="last4")
+    deep = _config(task, num_layers=4)  # from scratch: the same seed gives the same parameters each call
+    last4 = _features(deep, [short, long], tmp_path / "deep_last4", pooling="last4")
+    cls = _features(deep, [short, long], tmp_path / "deep_cls", pooling="cls")
+    assert last4.shape == (2, 4 * 128)
+    np.testing.assert_allclose(last4[:, :128], cls, rtol=1e-5, atol=1e-5)  # the last layer comes first
+    assert not np.allclose(last4[:, 128:256], cls, atol=1e-3)
+
+
+@pytest.fixture
+def network_attempts(monkeypatch):
+    """Fails any network connection fast and records it: TFDS retries downloads for minutes when offline."""
+    attempts = []
+
+    def refuse(*args, **kwargs):
+        attempts.append(args)
+        raise OSError("network access attempted in a test")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    monkeypatch.setattr(socket, "getaddrinfo", refuse)
+    return attempts
+
+
+def test_bad_csv_inputs_name_the_column_and_the_file(task, tmp_path):
+    config = _config(task)
+    config.data.text_columns = "text"
+    with pytest.raises(ValueError, match=r"train.csv \(--config.data.train_file\) has no column 'text' "
+                                         r"\(--config.data.text_columns\).*\['review', 'sentiment'\]"):
+        finetune.finetune(config, str(tmp_path))
+    config = _config(task)
+    config.data.label_column = "polarity"
+    with pytest.raises(ValueError, match=r"train.csv.*no column 'polarity' \(--config.data.label_column\)"):
+        finetune.finetune(config, str(tmp_path))
+    config = _config(task)
+    config.data.train_file = _write_csv(tmp_path / "one_class.tsv", [("good film", "pos"), ("fine", "pos")],
+                                        delimiter="\t")
+    with pytest.raises(ValueError, match=r"one_class.tsv: the label column.*'sentiment' holds a single class "
+                                         r"\['pos'\]"):
+        finetune.finetune(config, str(tmp_path))
+    config.data.train_file = str(tmp_path / "missing.csv")
+    with pytest.raises(FileNotFoundError, match=r"--config.data.train_file=.*missing.csv' does not exist"):
+        finetune.finetune(config, str(tmp_path))
+
+
+def test_tfds_sources_read_offline_and_fail_clearly(task, tmp_path, monkeypatch, network_attempts):
+    import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
+
+    config = _config(task)
+    config.data.text_columns, config.data.label_column = "sentence1,sentence2", "label"
+    with tfds.testing.mock_data(num_examples=6):
+        examples = finetune_data.read_examples("tfds:glue/mrpc:validation", config.data)
+    assert len(examples.texts) == 2 and len(examples.texts[1]) == 6
+    assert examples.class_names == ["not_equivalent", "equivalent"]
+    assert set(examples.labels) <= set(examples.class_names)
+
+    monkeypatch.setenv("TFDS_DATA_DIR", str(tmp_path))
+    with pytest.raises(FileNotFoundError, match=r"'glue/mrpc' is not prepared.*tfds build glue/mrpc.*tfds_data_dir"):
+        finetune_data.read_examples("tfds:glue/mrpc:train", config.data)
+    with pytest.raises(ValueError, match="TensorFlow Datasets has no dataset 'no_such_glue_task'"):
+        finetune_data.read_examples("tfds:no_such_glue_task:train", config.data)
+    config.data.text_columns = "sentence"
+    with pytest.raises(ValueError, match=r"no feature 'sentence' \(--config.data.text_columns\)"):
+        finetune_data.read_examples("tfds:glue/mrpc:train", config.data)
+    assert not network_attempts
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("features.pooling", "max", r"--config.features.pooling='max': choose one of \('cls', 'mean', 'last4'\)"),
+    ("data.text_columns", "a,b,c", r"--config.data.text_columns='a,b,c': name one column"),
+    ("train.batch_size", 6, r"--config.train.batch_size=6: must be a positive multiple of the 8 data-parallel"),
+    ("data.vocab_file", "", r"--config.data.vocab_file='': set it"),
+    ("data.format", "json", r"--config.data.format='json': choose one of"),
+    ("optim.grad_accum_steps", 2, r"--config.optim.grad_accum_steps=2: fine-tuning does not accumulate"),
+])
+def test_config_errors_name_the_field(task, field, value, message):
+    config = _config(task, mesh_shape=(-1, 1, 1))
+    config.features.input_file = task["eval"]
+    section, name = field.split(".")
+    config[section][name] = value
+    with pytest.raises(ValueError, match=message):
+        finetune.validate_config(config, 8, mode="features")
+
+
+def test_config_presets_are_locked_and_glue_tasks_read_tfds():
+    config = finetune_configs.get_config("size=base,task=mnli")
+    assert config.data.eval_file == "tfds:glue/mnli:validation_matched"
+    assert finetune_data._format(config.data.train_file, config.data.format) == "tfds"  # pylint: disable=protected-access
+    assert config.data.text_columns == "premise,hypothesis" and config.model.num_layers == 12
+    assert finetune_data._parse_tfds(config.data.train_file) == ("glue/mnli", "train")  # pylint: disable=protected-access
+    assert finetune_data._parse_tfds("tfds:glue/sst2:2.0.0:train[:10%]") == ("glue/sst2:2.0.0", "train[:10%]")  # noqa
+    config.lock()
+    with pytest.raises(AttributeError):
+        config.features.poolng = "mean"
+    with pytest.raises(ValueError, match="unknown task 'squad'"):
+        finetune_configs.get_config("task=squad")

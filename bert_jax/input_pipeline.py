@@ -7,6 +7,8 @@ Every function here returns host-local batches of `batch_size` sequences for thi
 global jax.Array is the sharding module's job. Batches are dicts of numpy arrays:
 input_ids, input_mask, segment_ids int32 [B, S]; masked_lm_positions, masked_lm_ids int32 [B, P];
 masked_lm_weights float32 [B, P]; next_sentence_labels int32 [B].
+With data.pack, rows are packed instances instead, in the layout of bert_jax.packing (position_ids, instance_ids,
+nsp_positions and nsp_weights besides; NSP fields [B, max_instances_per_row]).
 """
 
 import concurrent.futures
@@ -17,6 +19,7 @@ from absl import logging
 import numpy as np
 import tensorflow as tf
 
+from bert_jax import packing as packing_lib
 from bert_jax.masking import CLS_ID, MASK_ID, PAD_ID, SEP_ID  # noqa: F401  (re-exported for callers)
 from bert_jax.masking import check_masking_args, dynamic_mask, restore_original_tokens
 
@@ -195,7 +198,8 @@ def tfrecord_dataset(patterns: str, *, batch_size: int, max_seq_length: int, max
                      shuffle_buffer: int = 10000, num_parallel_reads: int = 8,
                      flag: str = _INPUT_FILES_FLAG, masking: str = "auto", masked_lm_prob: float = 0.15,
                      special_ids=(PAD_ID, CLS_ID, SEP_ID, MASK_ID), whole_word_continuation=None,
-                     vocab_size: int | None = None) -> tf.data.Dataset:
+                     vocab_size: int | None = None,
+                     packing: packing_lib.PackingOptions | None = None) -> tf.data.Dataset:
     """Batches of this process's share of the records in `patterns`; `batch_size` is per process.
 
     Training shuffles (seeded), interleaves files and repeats forever; evaluation reads a fixed order once.
@@ -206,6 +210,9 @@ def tfrecord_dataset(patterns: str, *, batch_size: int, max_seq_length: int, max
     tokens back first). Dynamic masks depend on (seed, process_index, batch number) only, so a run is repeatable
     while every batch, and every epoch, gets new ones. Dynamic masking needs `vocab_size`, for the random
     replacements; `whole_word_continuation` (numpy bool [vocab_size], True for "##" pieces) masks whole words.
+
+    With `packing`, records are read (and masked) in windows of packing.window instances, each window is packed
+    into rows (bert_jax.packing) and the rows are batched `batch_size` at a time.
     """
     if not 0 <= process_index < process_count:
         raise ValueError(f"process_index={process_index} is outside [0, process_count={process_count})")
@@ -245,7 +252,9 @@ def tfrecord_dataset(patterns: str, *, batch_size: int, max_seq_length: int, max
         records = records.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
 
     spec = feature_spec(max_seq_length, max_predictions_per_seq, layout)
-    dataset = records.batch(batch_size, drop_remainder=True)
+    # A packing window may be partial (the packer takes any count): held-out data then loses only a partial batch.
+    dataset = (records.batch(batch_size, drop_remainder=True) if packing is None
+               else records.batch(packing.window, drop_remainder=False))
     # Parsing (and masking) a whole batch at once is a few vectorised ops rather than batch_size small ones.
     if dynamic:
         # Processes differ in the seed's second word, batches in the fold-in of their number.
@@ -264,6 +273,9 @@ def tfrecord_dataset(patterns: str, *, batch_size: int, max_seq_length: int, max
         dataset = dataset.enumerate().map(parse_and_mask, num_parallel_calls=tf.data.AUTOTUNE)
     else:
         dataset = dataset.map(lambda serialized: _parse_batch(serialized, spec), num_parallel_calls=tf.data.AUTOTUNE)
+    if packing is not None:
+        dataset = packing_lib.pack_dataset(dataset, batch_size=batch_size, max_seq_length=max_seq_length,
+                                           options=packing)
     dataset = dataset.prefetch(tf.data.AUTOTUNE)
 
     # A resumed or repeated run must see the same batches for the same seed.
@@ -477,6 +489,7 @@ def make_iterator(data_config, *, split: str, batch_size: int, vocab_size: int, 
     if split not in ("train", "eval"):
         raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
     training = split == "train"
+    packing = packing_lib.PackingOptions.from_config(data_config)  # None unless data.pack; checks the fields
     if data_config.source == "synthetic":
         # A different seed keeps evaluation batches distinct from training ones.
         return synthetic_batches(batch_size=batch_size, max_seq_length=data_config.max_seq_length,
@@ -510,6 +523,7 @@ def make_iterator(data_config, *, split: str, batch_size: int, vocab_size: int, 
             special_ids=tuple(data_config.get("special_ids", (PAD_ID, CLS_ID, SEP_ID, MASK_ID))),
             whole_word_continuation=whole_word_continuation if whole_word_mask else None,
             vocab_size=tokenizer_vocab_size or vocab_size,
+            packing=packing,
         )
         return TFRecordBatches(dataset, vocab_size=vocab_size, source=patterns)
     raise ValueError(f"unknown --config.data.source={data_config.source!r}; choose 'synthetic' or 'tfrecord'")

@@ -13,9 +13,11 @@ hence the same parameter names (`embeddings`, `layer_{i}`, `pooler`), so pretrai
 import dataclasses
 from typing import Any
 
+from absl import logging
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 # Logical axis names used below. Parameters: "vocab", "embed", "heads", "mlp", "position", "segment", "classes";
 # "norm" marks small hidden-sized vectors (LayerNorm, biases on the residual stream) that are never worth sharding.
@@ -23,6 +25,15 @@ import jax.numpy as jnp
 
 HIDDEN_ACTIVATIONS = ("gelu_tanh", "gelu")
 COMPUTE_DTYPES = ("float32", "bfloat16")
+# "auto": the platform's fused kernel (cuDNN on GPU, Pallas splash on TPU, XLA's dot_product_attention elsewhere),
+# except in training with attention dropout, which only "reference" implements (see BertConfig.attention).
+ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "cudnn", "pallas", "reference")
+# What a rematerialised layer keeps for the backward pass: "matmuls" keeps the outputs of the weight matmuls
+# (no batch dimensions) and recomputes the rest, including the [batch, heads, length, length] attention scores;
+# "full" keeps only the layer's input.
+REMAT_POLICIES = {"none": None, "matmuls": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+                  "full": jax.checkpoint_policies.nothing_saveable}
+SCANNED_LAYERS = "layers"  # parameter name (and logical axis name of the leading axis) of scanned layers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +53,13 @@ class BertConfig:
     initializer_range: float = 0.02
     layer_norm_eps: float = 1e-12
     dtype: str = "float32"
+    # "auto" | "xla" | "cudnn" | "pallas" | "reference". No fused kernel implements attention dropout: "auto" uses
+    # one only where attention dropout is off (attention_dropout_rate=0, or deterministic evaluation/inference) and
+    # the exact reference path otherwise; naming a fused kernel needs attention_dropout_rate=0. An unsupported
+    # kernel (wrong platform, dtype or shape) falls back to "xla" with the reason logged.
+    attention: str = "auto"
+    remat: str = "none"  # "none" | "matmuls" | "full": activation rematerialisation of each encoder layer
+    scan_layers: bool = False  # one nn.scan over the layers: parameters under "layers" with a leading layer axis
 
     @classmethod
     def from_config(cls, model_config) -> "BertConfig":
@@ -69,6 +87,17 @@ class BertConfig:
         for field in ("dropout_rate", "attention_dropout_rate"):
             if not 0.0 <= getattr(self, field) < 1.0:
                 fail(field, "must be in [0, 1)")
+        if self.attention not in ATTENTION_IMPLEMENTATIONS:
+            fail("attention", f"choose one of {ATTENTION_IMPLEMENTATIONS}")
+        if self.attention in ("xla", "cudnn", "pallas") and self.attention_dropout_rate > 0:
+            fail("attention", f"the fused kernels have no attention dropout, but model.attention_dropout_rate="
+                              f"{self.attention_dropout_rate}. Fix: set --config.model.attention_dropout_rate=0.0 "
+                              "(fused kernels in training too), or --config.model.attention=auto (fused kernels "
+                              "where dropout is off, the reference path with dropout in training)")
+        if self.remat not in REMAT_POLICIES:
+            fail("remat", f"choose one of {tuple(REMAT_POLICIES)}")
+        if not isinstance(self.scan_layers, bool):
+            fail("scan_layers", "must be True or False")
         return self
 
     @property
@@ -157,8 +186,160 @@ class BertEmbeddings(nn.Module):
         return self.word_embeddings.attend(hidden)
 
 
+_LOGGED_ATTENTION_NOTES = set()
+
+
+def _log_attention_note(message: str) -> None:
+    # Traced once per compilation, and every layer traces this: log each distinct note once per process.
+    if message not in _LOGGED_ATTENTION_NOTES:
+        _LOGGED_ATTENTION_NOTES.add(message)
+        logging.info("attention: %s", message)
+
+
+def _full_attention_mask(attention_mask):
+    """A boolean [batch, 1 or heads, query, key] mask from [batch, key] (padding) or [batch, query, key] masks."""
+    attention_mask = attention_mask.astype(bool)
+    if attention_mask.ndim == 2:
+        return attention_mask[:, None, None, :]
+    if attention_mask.ndim == 3:
+        return attention_mask[:, None, :, :]
+    return attention_mask
+
+
+def _cudnn_unsupported(query, attention_mask, training: bool) -> str | None:
+    """Why cuDNN flash attention cannot run this call (None if it can), from its documented constraints."""
+    if jax.default_backend() != "gpu":
+        return f"cuDNN flash attention needs a GPU; the backend is {jax.default_backend()}"
+    if query.dtype not in (jnp.bfloat16, jnp.float16):
+        return f"cuDNN flash attention needs bfloat16 or float16 inputs, not {query.dtype} (set model.dtype)"
+    head_dim, length = query.shape[-1], query.shape[1]
+    capability = getattr(jax.devices()[0], "compute_capability", "0.0")
+    max_head_dim = 256 if tuple(int(v) for v in capability.split(".")[:2]) >= (9, 0) else 128
+    if head_dim % 8 or head_dim > max_head_dim:
+        return f"cuDNN flash attention needs a head dim that is a multiple of 8 and <= {max_head_dim}, not {head_dim}"
+    if training and attention_mask.ndim != 2 and length % 2:
+        return f"cuDNN flash attention with a full mask needs an even sequence length in training, not {length}"
+    return None
+
+
+def _pallas_unsupported(query, attention_mask) -> str | None:
+    if jax.default_backend() != "tpu":
+        return f"the Pallas splash-attention kernel needs a TPU; the backend is {jax.default_backend()}"
+    if attention_mask.ndim != 2:
+        return ("the Pallas splash-attention kernel takes a padding mask ([batch, length]) as segment ids, not a "
+                "full [batch, ..., query, key] mask")
+    if query.shape[1] % 128:
+        return f"the Pallas splash-attention kernel needs a sequence length that is a multiple of 128, not " \
+               f"{query.shape[1]}"
+    return None
+
+
+def attention_implementation(config: BertConfig, query, attention_mask, deterministic: bool) -> str:
+    """The attention path one call takes: config.attention resolved against dropout, platform, dtype and shapes.
+
+    Runs at trace time. "auto" takes the reference path when attention dropout is active (no fused kernel has it),
+    else cuDNN on GPU / Pallas splash on TPU where supported, else XLA; an unsupported named kernel falls back to
+    "xla" with the reason logged.
+    """
+    training_dropout = config.attention_dropout_rate > 0 and not deterministic
+    if config.attention == "reference" or (config.attention == "auto" and training_dropout):
+        return "reference"
+    if config.attention == "xla":
+        return "xla"
+    wanted = config.attention
+    if wanted == "auto":
+        wanted = {"gpu": "cudnn", "tpu": "pallas"}.get(jax.default_backend(), "xla")
+        if wanted == "xla":
+            return "xla"
+    reason = (_cudnn_unsupported(query, attention_mask, not deterministic) if wanted == "cudnn"
+              else _pallas_unsupported(query, attention_mask))
+    if reason is not None:
+        _log_attention_note(f"model.attention={config.attention!r}: using 'xla' because {reason}")
+        return "xla"
+    return wanted
+
+
+def reference_attention_probs(query, key, attention_mask, head_dim: int):
+    """softmax(q k^T / sqrt(d)) in float32 with masked keys at exactly zero probability ([batch, heads, q, k])."""
+    # Scores accumulate and stay in float32 whatever the compute dtype: rounding them to bfloat16 before the
+    # softmax would cost precision for nothing.
+    scores = jnp.einsum("bqhd,bkhd->bhqk", query, key, preferred_element_type=jnp.float32)
+    scores = scores / jnp.sqrt(jnp.float32(head_dim))
+    scores = jnp.where(_full_attention_mask(attention_mask), scores, jnp.finfo(jnp.float32).min)
+    return jax.nn.softmax(scores, axis=-1)
+
+
+def _splash_attention(query, key, value, attention_mask, interpret: bool = False):
+    """Pallas splash attention (TPU) over [batch, length, heads, head_dim]; the padding mask becomes segment ids.
+
+    Real tokens (segment 1) attend only to real tokens, as in every other path; a padding query attends to the
+    padding keys instead of the real ones, which changes only outputs at padding positions (never read by a loss
+    or a pooler). The kernel is per example, so it is vmapped over the batch, and under a mesh it runs in a
+    shard_map over the batch and head axes the logical rules give (Pallas kernels are not auto-partitioned).
+    `interpret` runs the kernel in the Pallas interpreter (any backend; for tests).
+    """
+    # pylint: disable=import-outside-toplevel
+    from jax.experimental.pallas.ops.tpu import splash_attention as splash
+
+    scale = 1.0 / np.sqrt(query.shape[-1])
+    segment_ids = attention_mask.astype(jnp.int32)
+
+    def attend(query, key, value, segment_ids):
+        _, length, heads, _ = query.shape
+        mask = splash.MultiHeadMask([splash.FullMask((length, length)) for _ in range(heads)])
+        block = next(size for size in (512, 256, 128) if length % size == 0)
+        block_sizes = splash.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block,
+                                        block_kv_dkv=block, block_kv_dkv_compute=block, block_q_dq=block,
+                                        block_kv_dq=block)
+        kernel = splash.make_splash_mha(mask, head_shards=1, q_seq_shards=1, block_sizes=block_sizes,
+                                        interpret=interpret)
+        to_heads_first = lambda x: jnp.swapaxes(x, 1, 2)  # [b, t, h, d] -> [b, h, t, d]
+        context = jax.vmap(kernel)(to_heads_first(query * jnp.asarray(scale, query.dtype)), to_heads_first(key),
+                                   to_heads_first(value), segment_ids=splash.SegmentIds(segment_ids, segment_ids))
+        return to_heads_first(context)
+
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return attend(query, key, value, segment_ids)
+    spec = nn.logical_to_mesh_axes(("batch", "length", "act_heads", None))
+    if spec[1] is not None:
+        raise ValueError(f"model.attention='pallas' cannot shard the sequence axis (logical 'length' -> {spec[1]}); "
+                         "map 'length' to None in mesh.rules or use model.attention='xla'")
+    ids_spec = jax.sharding.PartitionSpec(spec[0], None)
+    return jax.shard_map(attend, mesh=mesh, in_specs=(spec, spec, spec, ids_spec), out_specs=spec,
+                         check_vma=False)(query, key, value, segment_ids)
+
+
+def fused_attention(implementation: str, query, key, value, attention_mask):
+    """Attention without dropout through jax.nn.dot_product_attention ("xla", "cudnn") or Pallas ("pallas").
+
+    `attention_mask` is [batch, key] (padding) or a full boolean [batch, 1 or heads, query, key] mask (e.g. the
+    block-diagonal mask of packed sequences). cuDNN takes a padding mask as key lengths, which assumes trailing
+    padding (BERT's input_mask always is), and a full mask as an additive bias.
+    """
+    if implementation == "pallas":
+        return _splash_attention(query, key, value, attention_mask)
+    if implementation == "cudnn":
+        try:
+            if attention_mask.ndim == 2:
+                # At least 1: an all-padding row must not give cuDNN an empty softmax (NaN); its output is unused.
+                lengths = jnp.maximum(jnp.sum(attention_mask.astype(jnp.int32), axis=-1), 1)
+                return jax.nn.dot_product_attention(query, key, value, key_value_seq_lengths=lengths,
+                                                    implementation="cudnn")
+            return jax.nn.dot_product_attention(query, key, value, mask=_full_attention_mask(attention_mask),
+                                                implementation="cudnn")
+        except (NotImplementedError, ValueError, RuntimeError) as error:  # cuDNN's own checks, at trace time
+            _log_attention_note(f"cuDNN flash attention refused this call ({error}); using 'xla'")
+    return jax.nn.dot_product_attention(query, key, value, mask=_full_attention_mask(attention_mask),
+                                        implementation="xla")
+
+
 class BertSelfAttention(nn.Module):
-    """Multi-head self-attention with the padding mask, followed by the output projection."""
+    """Multi-head self-attention with the padding (or any boolean) mask, followed by the output projection.
+
+    `attention_mask` is [batch, length] (1 for real tokens) or a full [batch, 1, length, length] boolean mask. The
+    path is config.attention resolved by `attention_implementation`; every path computes the softmax in float32.
+    """
 
     config: BertConfig
 
@@ -173,13 +354,14 @@ class BertSelfAttention(nn.Module):
             return _constrain(y, ("batch", "length", "act_heads", None))
 
         query, key, value = project("query"), project("key"), project("value")
-        scores = jnp.einsum("bqhd,bkhd->bhqk", query, key) / jnp.sqrt(config.head_dim).astype(query.dtype)
-        # Softmax in float32 whatever the compute dtype; padded keys get exactly zero probability.
-        scores = scores.astype(jnp.float32)
-        scores = jnp.where(attention_mask[:, None, None, :], scores, jnp.finfo(jnp.float32).min)
-        probs = jax.nn.softmax(scores, axis=-1).astype(config.compute_dtype)
-        probs = nn.Dropout(config.attention_dropout_rate)(probs, deterministic=deterministic)
-        context = jnp.einsum("bhqk,bkhd->bqhd", probs, value)
+        implementation = attention_implementation(config, query, attention_mask, deterministic)
+        if implementation == "reference":
+            probs = reference_attention_probs(query, key, attention_mask, config.head_dim)
+            probs = probs.astype(config.compute_dtype)
+            probs = nn.Dropout(config.attention_dropout_rate)(probs, deterministic=deterministic)
+            context = jnp.einsum("bhqk,bkhd->bqhd", probs, value)
+        else:
+            context = fused_attention(implementation, query, key, value, attention_mask)
         context = _constrain(context, ("batch", "length", "act_heads", None))
         context = context.reshape(batch, length, config.hidden_size)
         return nn.Dense(config.hidden_size, dtype=config.compute_dtype, param_dtype=jnp.float32,
@@ -216,32 +398,126 @@ def is_encoder_parameter(name: str) -> bool:
     BertForPreTraining's parameters minus the heads (nsp_head, mlm_*) are exactly those of BertModel, and those of
     BertForSequenceClassification minus `classifier`, so pretrained parameters load by name with no renaming.
     """
-    return name == "embeddings" or name == "pooler" or (name.startswith("layer_") and name[6:].isdigit())
+    return (name in ("embeddings", "pooler", SCANNED_LAYERS)
+            or (name.startswith("layer_") and name[6:].isdigit()))
 
 
-def _encode(config: BertConfig, input_ids, input_mask, segment_ids, deterministic: bool):
-    """Embeddings and every encoder layer, created as `embeddings` and `layer_{i}` in the CALLING compact module.
+class _ScannedBertLayer(BertLayer):
+    """BertLayer as an nn.scan step: the output is both the carry and the per-layer (stacked) output."""
+
+    def __call__(self, x, attention_mask, deterministic: bool):  # pylint: disable=arguments-differ
+        x = super().__call__(x, attention_mask, deterministic)
+        return x, x
+
+
+def _run_layers(config: BertConfig, x, attention_mask, deterministic: bool):
+    """Every encoder layer, created in the CALLING compact module; returns (output, [each layer's output]).
+
+    Unrolled: `layer_{i}` modules. With config.scan_layers: one nn.scan named `layers` whose parameters carry a
+    leading layer axis (logical name "layers"), so the step is traced and compiled once whatever the depth
+    (`stack_layers` / `unstack_layers` convert between the two layouts). config.remat wraps each layer in
+    nn.remat with the REMAT_POLICIES policy.
+    """
+    layer_class = _ScannedBertLayer if config.scan_layers else BertLayer
+    if config.remat != "none":
+        # deterministic (argument 3, counting self) is a Python bool that selects the dropout code: static.
+        layer_class = nn.remat(layer_class, policy=REMAT_POLICIES[config.remat], static_argnums=(3,),
+                               prevent_cse=not config.scan_layers)
+    if not config.scan_layers:
+        outputs = []
+        for index in range(config.num_layers):
+            x = layer_class(config, name=f"layer_{index}")(x, attention_mask, deterministic)
+            outputs.append(x)
+        return x, outputs
+    scanned = nn.scan(layer_class, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
+                      in_axes=(nn.broadcast, nn.broadcast), length=config.num_layers,
+                      metadata_params={nn.PARTITION_NAME: SCANNED_LAYERS})
+    x, stacked = scanned(config, name=SCANNED_LAYERS)(x, attention_mask, deterministic)
+    return x, [stacked[index] for index in range(config.num_layers)]
+
+
+def _layer_names(params) -> list:
+    names = [name for name in params if name.startswith("layer_") and name[6:].isdigit()]
+    return sorted(names, key=lambda name: int(name[6:]))
+
+
+def stack_layers(params, num_layers: int) -> dict:
+    """Unrolled parameters (`layer_0` ... `layer_{n-1}`) -> the scan_layers layout (`layers`, leading layer axis).
+
+    Works on the params tree (or a {"params": ...} wrapper) of any model built by `_encode`, with numpy or jax
+    arrays (unbox LogicallyPartitioned trees first: nn.meta.unbox); other entries are passed through unchanged.
+    """
+    if set(params) == {"params"}:
+        return {"params": stack_layers(params["params"], num_layers)}
+    names = _layer_names(params)
+    if names != [f"layer_{index}" for index in range(num_layers)]:
+        raise ValueError(f"stack_layers: expected layer_0 ... layer_{num_layers - 1}, found {names or 'none'} "
+                         f"(scanned parameters already? they hold '{SCANNED_LAYERS}')")
+    stack = np.stack if all(isinstance(leaf, np.ndarray) for leaf in jax.tree.leaves(params[names[0]])) else jnp.stack
+    stacked = jax.tree.map(lambda *leaves: stack(leaves), *(params[name] for name in names))
+    rest = {name: value for name, value in params.items() if name not in names}
+    return {**rest, SCANNED_LAYERS: stacked}
+
+
+def unstack_layers(params) -> dict:
+    """The scan_layers layout (`layers` with a leading layer axis) -> unrolled `layer_{i}` parameters.
+
+    Parameters without `layers` (already unrolled) are returned unchanged, so callers may apply it to either.
+    """
+    if set(params) == {"params"}:
+        return {"params": unstack_layers(params["params"])}
+    if SCANNED_LAYERS not in params:
+        return params
+    stacked = params[SCANNED_LAYERS]
+    num_layers = jax.tree.leaves(stacked)[0].shape[0]
+    rest = {name: value for name, value in params.items() if name != SCANNED_LAYERS}
+    return {**rest, **{f"layer_{index}": jax.tree.map(lambda leaf, i=index: leaf[i], stacked)
+                       for index in range(num_layers)}}
+
+
+def _encode(config: BertConfig, input_ids, input_mask, segment_ids, deterministic: bool, position_ids=None,
+            attention_mask=None):
+    """Embeddings and every encoder layer, created as `embeddings` and `layer_{i}` (or, scanned, `layers`) in the
+    CALLING compact module.
 
     A function rather than a submodule so that the callers (pretraining, classification, features) all own the
     same top-level names. Returns (sequence_output, hidden_states, embeddings module); hidden_states holds the
-    embeddings output and every layer's output.
+    embeddings output and every layer's output. `position_ids` (default 0..length-1) and `attention_mask` (default
+    input_mask; or a full [batch, 1, length, length] mask) are given for packed rows.
     """
     _, length = input_ids.shape
-    position_ids = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32)[None, :], input_ids.shape)
-    attention_mask = input_mask.astype(bool)
+    if position_ids is None:
+        position_ids = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32)[None, :], input_ids.shape)
+    attention_mask = input_mask.astype(bool) if attention_mask is None else attention_mask.astype(bool)
 
     embeddings = BertEmbeddings(config, name="embeddings")
     x = embeddings(input_ids, segment_ids, position_ids, deterministic)
     hidden_states = [x]
-    for index in range(config.num_layers):
-        x = BertLayer(config, name=f"layer_{index}")(x, attention_mask, deterministic)
-        hidden_states.append(x)
+    x, layer_outputs = _run_layers(config, x, attention_mask, deterministic)
+    hidden_states.extend(layer_outputs)
     return x, tuple(hidden_states), embeddings
 
 
-def _pool(config: BertConfig, sequence_output):
-    """The BERT pooler, created as `pooler` in the calling compact module: tanh(dense([CLS] hidden state))."""
-    return nn.tanh(_dense(config, config.hidden_size, ("embed", None), "pooler")(sequence_output[:, 0]))
+def _pool(config: BertConfig, sequence_output, cls_positions=None):
+    """The BERT pooler, created as `pooler` in the calling compact module: tanh(dense([CLS] hidden state)).
+
+    With `cls_positions` ([batch, k], packed rows) it pools the hidden state at each of those positions: [batch, k,
+    hidden].
+    """
+    if cls_positions is None:
+        cls = sequence_output[:, 0]
+    else:
+        cls = jnp.take_along_axis(sequence_output, cls_positions[..., None].astype(jnp.int32), axis=1)
+    return nn.tanh(_dense(config, config.hidden_size, ("embed", None), "pooler")(cls))
+
+
+def packed_attention_mask(instance_ids):
+    """The block-diagonal [batch, 1, length, length] mask of packed rows: a token attends only to its own instance.
+
+    Padding (instance id 0) forms a block of its own, so a real token never sees padding while no query row is
+    fully masked (fused kernels may return NaN for one); padding outputs are never read.
+    """
+    return (instance_ids[:, :, None] == instance_ids[:, None, :])[:, None, :, :]
 
 
 class BertForPreTraining(nn.Module):
@@ -251,16 +527,24 @@ class BertForPreTraining(nn.Module):
     ([batch, length]) and `masked_lm_positions` ([batch, predictions]). Returns a dict with `mlm_logits`
     ([batch, predictions, vocab], float32), `nsp_logits` ([batch, 2], float32), `sequence_output` and
     `pooled_output`, plus `hidden_states` (embeddings output and every layer's output) when asked for.
+
+    Packed rows (bert_jax.packing) add `position_ids` (restarting at 0 in each instance), `instance_ids` (1..k per
+    instance, 0 for padding: attention stays inside an instance) and `nsp_positions` ([batch, k], each instance's
+    [CLS]): then `pooled_output` is [batch, k, hidden] and `nsp_logits` [batch, k, 2]. Without them the model is
+    the unpacked one, unchanged.
     """
 
     config: BertConfig
 
     @nn.compact
     def __call__(self, input_ids, input_mask, segment_ids, masked_lm_positions, deterministic: bool = True,
-                 output_hidden_states: bool = False) -> dict[str, Any]:
+                 output_hidden_states: bool = False, position_ids=None, instance_ids=None,
+                 nsp_positions=None) -> dict[str, Any]:
         config = self.config
-        x, hidden_states, embeddings = _encode(config, input_ids, input_mask, segment_ids, deterministic)
-        pooled = _pool(config, x)
+        attention_mask = None if instance_ids is None else packed_attention_mask(instance_ids)
+        x, hidden_states, embeddings = _encode(config, input_ids, input_mask, segment_ids, deterministic,
+                                               position_ids=position_ids, attention_mask=attention_mask)
+        pooled = _pool(config, x, nsp_positions)
         nsp_logits = nn.Dense(2, dtype=jnp.float32, param_dtype=jnp.float32,
                               kernel_init=_kernel_init(config, ("embed", "classes")), bias_init=_zeros(("classes",)),
                               name="nsp_head")(pooled)

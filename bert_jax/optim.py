@@ -8,6 +8,8 @@ from absl import logging
 import jax
 import optax
 
+from bert_jax import model as model_lib
+
 OPTIMIZERS = ("adamw", "lamb")
 DECAYS = ("linear", "polynomial")
 
@@ -51,9 +53,14 @@ def decay_mask(params):
     """True for weights that take weight decay: matrices and embeddings, not LayerNorm parameters or biases.
 
     Every rank-1 parameter in the model is a LayerNorm scale/offset or a bias, as in the original BERT's exclusion
-    of "LayerNorm" and "bias" variables.
+    of "LayerNorm" and "bias" variables. Scanned layers (model.scan_layers) add a leading layer axis to every
+    parameter under "layers", which does not count.
     """
-    return jax.tree.map(lambda p: p.ndim > 1, params)
+    def takes_decay(path, param):
+        scanned = bool(path) and getattr(path[0], "key", None) == model_lib.SCANNED_LAYERS
+        return param.ndim - scanned > 1
+
+    return jax.tree_util.tree_map_with_path(takes_decay, params)
 
 
 def create_optimizer(optim_config, num_steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:

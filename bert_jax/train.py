@@ -25,6 +25,7 @@ from bert_jax import fileio
 from bert_jax import metrics as metrics_lib
 from bert_jax import model as model_lib
 from bert_jax import optim
+from bert_jax import packing
 from bert_jax import sharding as sharding_lib
 
 @flax.struct.dataclass
@@ -90,37 +91,55 @@ def validate_config(config, num_devices: int, process_count: int = 1) -> None:
         raise ValueError("--config.data.source=corpus needs --config.data.corpus (text globs, tfds:NAME or demo)")
     if data.source == "tfrecord" and not data.input_files:
         raise ValueError("--config.data.source=tfrecord needs --config.data.input_files=GLOB[,GLOB...]")
+    packing.validate_config(data)
 
 
 def pretraining_loss(outputs, batch, mlm_denominator, nsp_denominator):
     """MLM and NSP losses and accuracies as in the original BERT, over the given normalisers.
 
-    MLM loss = sum(weights * cross-entropy) / (sum(weights) + 1e-5) and NSP loss = mean cross-entropy. The
-    denominators are passed in so that micro-batches of one batch, normalised by the whole batch, sum to exactly
-    the whole batch's loss (and gradient).
+    MLM loss = sum(weights * cross-entropy) / (sum(weights) + 1e-5) and NSP loss = mean cross-entropy (over the
+    real instances of packed rows, see `_nsp_terms`). The denominators are passed in so that micro-batches of one
+    batch, normalised by the whole batch, sum to exactly the whole batch's loss (and gradient).
     """
     weights = batch["masked_lm_weights"].astype(jnp.float32)
-    mlm_logits, nsp_logits = outputs["mlm_logits"], outputs["nsp_logits"]
+    mlm_logits = outputs["mlm_logits"]
     mlm_xent = optax.softmax_cross_entropy_with_integer_labels(mlm_logits, batch["masked_lm_ids"])
     mlm_loss = jnp.sum(weights * mlm_xent) / mlm_denominator
     mlm_correct = jnp.sum(weights * (jnp.argmax(mlm_logits, -1) == batch["masked_lm_ids"]))
-    labels = batch["next_sentence_labels"].reshape(-1)
-    nsp_loss = jnp.sum(optax.softmax_cross_entropy_with_integer_labels(nsp_logits, labels)) / nsp_denominator
-    nsp_correct = jnp.sum(jnp.argmax(nsp_logits, -1) == labels)
+    nsp_xent, nsp_correct = _nsp_terms(outputs["nsp_logits"], batch)
+    nsp_loss = jnp.sum(nsp_xent) / nsp_denominator
+    nsp_correct = jnp.sum(nsp_correct)
     metrics = {"loss": mlm_loss + nsp_loss, "mlm_loss": mlm_loss, "nsp_loss": nsp_loss,
                "mlm_accuracy": mlm_correct / mlm_denominator, "nsp_accuracy": nsp_correct / nsp_denominator}
     return mlm_loss + nsp_loss, metrics
 
 
+def _nsp_terms(nsp_logits, batch):
+    """Per-instance NSP cross-entropy and correctness, flat; zero for the empty instance slots of packed rows."""
+    labels = batch["next_sentence_labels"].reshape(-1)
+    nsp_logits = nsp_logits.reshape(labels.shape[0], -1)  # packed rows: [batch, instances, 2] -> one per instance
+    xent = optax.softmax_cross_entropy_with_integer_labels(nsp_logits, labels)
+    correct = jnp.argmax(nsp_logits, -1) == labels
+    if "nsp_weights" in batch:
+        nsp_weights = batch["nsp_weights"].reshape(-1).astype(jnp.float32)
+        return nsp_weights * xent, nsp_weights * correct
+    return xent, correct
+
+
+# The model's keyword arguments, named as in the batch; the last three only in packed batches (bert_jax.packing).
+_MODEL_INPUT_NAMES = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "position_ids",
+                      "instance_ids", "nsp_positions")
+
+
 def _model_inputs(batch):
-    return (batch["input_ids"], batch["input_mask"], batch["segment_ids"], batch["masked_lm_positions"])
+    return {name: batch[name] for name in _MODEL_INPUT_NAMES if name in batch}
 
 
 def make_grad_fn(model: nn.Module, rules):
     """`grad_fn(params, batch, dropout_rng, mlm_denominator, nsp_denominator) -> ((loss, metrics), grads)`."""
     def loss_fn(params, batch, dropout_rng, mlm_denominator, nsp_denominator):
         with nn.logical_axis_rules(rules):
-            outputs = model.apply({"params": params}, *_model_inputs(batch), deterministic=False,
+            outputs = model.apply({"params": params}, **_model_inputs(batch), deterministic=False,
                                   rngs={"dropout": dropout_rng})
         return pretraining_loss(outputs, batch, mlm_denominator, nsp_denominator)
 
@@ -128,9 +147,10 @@ def make_grad_fn(model: nn.Module, rules):
 
 
 def batch_denominators(batch):
-    """The whole batch's MLM and NSP normalisers (see pretraining_loss)."""
-    return (jnp.sum(batch["masked_lm_weights"].astype(jnp.float32)) + 1e-5,
-            jnp.asarray(batch["input_ids"].shape[0], jnp.float32))
+    """The whole batch's MLM and NSP normalisers (see pretraining_loss): NSP counts instances (packed: real ones)."""
+    nsp_count = (jnp.sum(batch["nsp_weights"].astype(jnp.float32)) if "nsp_weights" in batch
+                 else jnp.asarray(batch["input_ids"].shape[0], jnp.float32))
+    return jnp.sum(batch["masked_lm_weights"].astype(jnp.float32)) + 1e-5, nsp_count
 
 
 def make_train_step(model: nn.Module, tx: optax.GradientTransformation, schedule, rules, mesh,
@@ -177,18 +197,18 @@ def make_eval_step(model: nn.Module, rules):
     """Returns `eval_step(params, batch) -> sums` (no dropout); sums add up across batches."""
     def eval_step(params, batch):
         with nn.logical_axis_rules(rules):
-            outputs = model.apply({"params": params}, *_model_inputs(batch), deterministic=True)
+            outputs = model.apply({"params": params}, **_model_inputs(batch), deterministic=True)
         weights = batch["masked_lm_weights"].astype(jnp.float32)
         mlm_xent = optax.softmax_cross_entropy_with_integer_labels(outputs["mlm_logits"], batch["masked_lm_ids"])
-        labels = batch["next_sentence_labels"].reshape(-1)
-        nsp_xent = optax.softmax_cross_entropy_with_integer_labels(outputs["nsp_logits"], labels)
+        nsp_xent, nsp_correct = _nsp_terms(outputs["nsp_logits"], batch)
+        _, nsp_count = batch_denominators(batch)
         return {
             "mlm_loss_sum": jnp.sum(weights * mlm_xent),
             "mlm_correct": jnp.sum(weights * (jnp.argmax(outputs["mlm_logits"], -1) == batch["masked_lm_ids"])),
             "mlm_weight": jnp.sum(weights),
             "nsp_loss_sum": jnp.sum(nsp_xent),
-            "nsp_correct": jnp.sum(jnp.argmax(outputs["nsp_logits"], -1) == labels).astype(jnp.float32),
-            "nsp_count": jnp.asarray(labels.shape[0], jnp.float32),
+            "nsp_correct": jnp.sum(nsp_correct).astype(jnp.float32),
+            "nsp_count": nsp_count,
         }
     return eval_step
 
@@ -213,7 +233,7 @@ def abstract_train_state(model: nn.Module, tx: optax.GradientTransformation, mes
 
     def init_boxed(rng):
         with nn.logical_axis_rules(rules):
-            params = model.init({"params": rng}, *inputs, deterministic=True)["params"]
+            params = model.init({"params": rng}, **inputs, deterministic=True)["params"]
         # The optimizer state is built from the boxed params, so its moments inherit the parameters' axis names.
         return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
 
@@ -352,6 +372,8 @@ def _init_params(path: str, model_config: model_lib.BertConfig, abstract_params,
         logging.info("--config.init: %s", note)
     if report.initialized:
         logging.warning("--config.init: %s has no %s; initialised afresh", path, ", ".join(report.initialized))
+    if model_config.scan_layers:  # imports are in the unrolled layout (layer_0, layer_1, ...)
+        params = model_lib.stack_layers(params, model_config.num_layers)
     return jax.device_put(params, params_shardings), path
 
 

@@ -43,7 +43,12 @@ def get_config(arg=None):
     config = ml_collections.ConfigDict()
 
     config.model = model = ml_collections.ConfigDict()
-    model.vocab_size = 30522  # word-embedding rows; must exceed every token id in the data
+    # Word-embedding rows; must exceed every token id in the data. 30522 is the original BERT WordPiece vocab, so the
+    # presets match HF's bert-base/large exactly. data.source=corpus replaces it with the trained tokenizer's size
+    # padded to a multiple of 128. Training the original vocab from scratch: 30592 (padded to a multiple of 128)
+    # keeps the vocab dimension shardable over any tensor axis and tile-aligned; padding rows are never looked up,
+    # --config.init pads an imported vocab, and HF exports drop the padding rows given data.vocab_file.
+    model.vocab_size = 30522
     model.hidden_size = hidden  # width of the residual stream
     model.num_layers = layers  # number of encoder layers
     model.num_heads = heads  # attention heads; must divide hidden_size
@@ -55,7 +60,22 @@ def get_config(arg=None):
     model.attention_dropout_rate = 0.1  # dropout on attention probabilities
     model.initializer_range = 0.02  # stddev of the truncated-normal initialiser
     model.layer_norm_eps = 1e-12  # as in the original BERT
-    model.dtype = "float32"  # compute dtype: "float32" or "bfloat16" (parameters always stay float32)
+    # Compute dtype: "float32" or "bfloat16" (mixed precision: parameters, optimizer state, attention scores and
+    # softmax, LayerNorm statistics and the losses stay float32; matmuls and activations run in bfloat16).
+    model.dtype = "float32"
+    # "auto" | "xla" | "cudnn" | "pallas" | "reference". auto: cuDNN flash attention on GPU (bfloat16), Pallas splash
+    # attention on TPU, XLA's dot_product_attention elsewhere; an unsupported kernel falls back to "xla", logging why.
+    # No fused kernel has attention dropout, so with attention_dropout_rate > 0 auto trains through the reference
+    # einsum/softmax path (exact BERT) and uses the fused kernel for evaluation only; set attention_dropout_rate=0.0
+    # for fused kernels in training too (naming a fused kernel requires it). "reference" = the plain einsum path.
+    model.attention = "auto"
+    # Rematerialisation of each layer's activations in the backward pass: "none", "matmuls" (keep weight-matmul
+    # outputs, recompute the rest incl. the length^2 attention scores: little extra compute) or "full" (keep only
+    # layer inputs: least memory, ~one extra forward pass).
+    model.remat = "none"
+    # One nn.scan over the layers: compile time independent of depth; parameters stacked under "layers" with a
+    # leading layer axis (model.unstack_layers / stack_layers convert; exports unstack automatically).
+    model.scan_layers = False
 
     config.mesh = mesh = ml_collections.ConfigDict()
     mesh.data = -1  # data-parallel axis size; -1 fills the devices left over by the other axes
@@ -77,6 +97,7 @@ def get_config(arg=None):
         ("segment", None),
         ("norm", None),
         ("classes", None),
+        ("layers", None),  # the leading axis of scanned layer parameters (model.scan_layers)
     )
 
     config.optim = optim = ml_collections.ConfigDict()
@@ -114,6 +135,10 @@ def get_config(arg=None):
     data.max_predictions_per_seq = 20  # masked_lm_positions length in the records
     data.shuffle_buffer = 10000  # records held for shuffling
     data.num_parallel_reads = 8  # files read at once
+    data.pack = False  # pack several instances per row (block-diagonal attention, NSP per instance): no padding work
+    data.max_instances_per_row = 4  # with data.pack: most instances in one row (e.g. 4 at seq 128, 8 or more at 512)
+    data.max_predictions_per_row = 0  # with data.pack: MLM slots per row; 0 = max_predictions_per_seq per instance
+    data.pack_window = 256  # with data.pack: instances packed together per process (larger packs tighter)
 
     config.train = train = ml_collections.ConfigDict()
     train.batch_size = 32  # global batch size in sequences, over all processes

@@ -1,0 +1,340 @@
+"""Ahead-of-time compilation of the real train step for a Cloud TPU slice, on any machine (a laptop CPU included).
+
+`python -m bert_jax.aot --config=configs/pretrain.py:size=large --topology=v5p:4x4x4,v5e:16x16` (add
+`--config.mesh.data=1 --config.mesh.fsdp=-1` for FSDP, or any other --config override) needs only the `aot`
+extra (`pip install -e '.[aot]'`: libtpu, whose compiler XLA runs here without a TPU). The step is
+`bert_jax.train.make_train_step` with the config's model, optimizer, mesh, logical rules and batch, jitted with
+the same shardings and donation as the training loop and compiled for the topology's devices. The table gives,
+per chip, the memory XLA assigned (state and batch arguments, outputs, temporaries, code) against the chip's HBM,
+and the compiled step's FLOPs next to the model's matmul FLOPs: whether a run fits, and how the compiled work
+compares with the model's, before any TPU is booked. A step too large for the chip is refused by XLA:TPU itself
+(RESOURCE_EXHAUSTED); the table then says NO with XLA's figures instead of failing.
+
+Topologies are `CHIP:AxB[xC]` chip grids as Cloud TPU names them (v4:2x2x4 is the v4-32 accelerator type, 16
+chips; v5p:4x4x4 is v5p-128, 64 chips; v5e:16x16 is v5litepod-256). One JAX device per chip, as on the TPU VMs
+(v4 and v5p run their two TensorCores as one megacore device).
+"""
+
+import os
+
+# With libtpu installed JAX tries a TPU backend first; compiling for a topology needs only libtpu's compiler, and
+# this process runs everything else (tracing, shape inference) on the CPU. Must precede the first `import jax`.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# libtpu takes a one-process-per-host lock when it loads, meant for processes that drive TPU chips. A compile-only
+# process drives none, and must not fail because a training run or another compilation holds the lock.
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+
+import dataclasses  # noqa: E402
+import re  # noqa: E402
+import time  # noqa: E402
+
+from absl import app  # noqa: E402
+from absl import flags  # noqa: E402
+import jax  # noqa: E402
+from jax.sharding import NamedSharding, PartitionSpec  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+import numpy as np  # noqa: E402
+
+import bert_jax  # noqa: E402,F401  (sets XLA flags before JAX starts)
+from bert_jax import model as model_lib  # noqa: E402
+from bert_jax import optim  # noqa: E402
+from bert_jax import sharding as sharding_lib  # noqa: E402
+from bert_jax import train  # noqa: E402
+
+GIB = 1 << 30
+# Nominal HBM per chip (GiB), for the "fits" verdict. The runtime keeps a little for itself, so treat a step within
+# a few percent of the limit as not fitting.
+HBM_GIB_PER_CHIP = {"v4": 32, "v5e": 16, "v5p": 95, "v6e": 32}
+# libtpu's compile-only topologies give v4 one device per TensorCore unless asked for megacore, which is what a v4
+# TPU VM runs (one JAX device per chip). v5p topologies are megacore already; v5e and v6e chips have one core.
+_TOPOLOGY_OPTIONS = {"v4": {"chip_config_name": "megacore"}}
+_TOPOLOGY_PATTERN = re.compile(r"^(v\w+):(\d+(?:x\d+){1,2})$")
+_ACCELERATOR_TYPE_PATTERN = re.compile(r"^(v\d\w*)-(\d+)$")
+
+
+class LibtpuMissingError(RuntimeError):
+    """libtpu (the `aot` extra), whose compiler this module needs, is not installed."""
+
+
+def topology_devices(topology: str) -> list[jax.Device]:
+    """The compile-only devices (one per chip) of a TPU topology such as `v5e:4x4` or `v5p:4x4x4`.
+
+    Errors name --topology and say what is wrong; a missing libtpu says which extra installs it.
+    """
+    match = _TOPOLOGY_PATTERN.match(topology)
+    if not match:
+        hint = ""
+        accelerator = _ACCELERATOR_TYPE_PATTERN.match(topology)
+        if accelerator:
+            hint = (f"; {topology!r} looks like a Cloud TPU accelerator type, whose number counts TensorCores on "
+                    "v4/v5p (v4-32 = v4:2x2x4, v5p-128 = v5p:4x4x4) and chips on v5e/v6e (v5litepod-256 = "
+                    "v5e:16x16)")
+        raise ValueError(f"--topology={topology!r}: expected CHIP:AxB or CHIP:AxBxC with CHIP one of "
+                         f"{sorted(HBM_GIB_PER_CHIP)} (e.g. v5e:16x16, v5p:4x4x4, v4:2x2x4){hint}")
+    chip = match.group(1)
+    if chip not in HBM_GIB_PER_CHIP:
+        raise ValueError(f"--topology={topology!r}: unknown TPU chip {chip!r}; known: {sorted(HBM_GIB_PER_CHIP)}")
+    from jax.experimental import topologies  # pylint: disable=import-outside-toplevel
+    try:
+        description = topologies.get_topology_desc(topology_name=topology, platform="tpu",
+                                                   **_TOPOLOGY_OPTIONS.get(chip, {}))
+    except RuntimeError as error:
+        if _is_libtpu_missing(error):
+            raise LibtpuMissingError("compiling for a TPU topology needs libtpu: pip install -e '.[aot]' (or the "
+                                     f"test extra, '.[test]'), then rerun (--topology={topology!r})") from error
+        # libtpu refuses a grid it cannot build (e.g. v5e:3x3, not a multiple of its 2x2 hosts).
+        raise ValueError(f"--topology={topology!r}: libtpu cannot build it: {error}") from None
+    return list(description.devices)
+
+
+def _is_libtpu_missing(error: Exception) -> bool:
+    return "TPU support not installed" in str(error)
+
+
+def _abstract_batch(config) -> dict[str, jax.ShapeDtypeStruct]:
+    """Shapes and dtypes of one global batch as the input pipeline delivers it (packed rows with data.pack)."""
+    data, batch_size = config.data, config.train.batch_size
+    seq_length, max_predictions = data.max_seq_length, data.max_predictions_per_seq
+    if not data.get("pack", False):
+        return {name: jax.ShapeDtypeStruct(value.shape, value.dtype)
+                for name, value in train.dummy_batch(batch_size, seq_length, max_predictions).items()}
+    # The packed layout of bert_jax.packing: per token, per prediction slot and per instance slot.
+    from bert_jax import packing  # pylint: disable=import-outside-toplevel
+    predictions, instances = packing.packed_predictions(data), int(data.max_instances_per_row)
+    widths = {"masked_lm_positions": predictions, "masked_lm_ids": predictions, "masked_lm_weights": predictions,
+              "nsp_positions": instances, "next_sentence_labels": instances, "nsp_weights": instances}
+    return {name: jax.ShapeDtypeStruct((batch_size, widths.get(name, seq_length)),
+                                       np.float32 if name in ("masked_lm_weights", "nsp_weights") else np.int32)
+            for name in packing.PACKED_FEATURES}
+
+
+@dataclasses.dataclass(frozen=True)
+class AotReport:
+    """What compiling the train step for one topology found. Byte counts are per chip (device)."""
+
+    topology: str
+    device_kind: str
+    num_chips: int
+    num_hosts: int
+    mesh: dict[str, int]
+    batch_size: int
+    seq_length: int
+    dtype: str
+    num_params: int
+    argument_bytes: int  # the state and batch shards the step takes
+    output_bytes: int  # the new state shard and the metrics
+    alias_bytes: int  # outputs written in place of donated arguments (counted in both of the above)
+    temp_bytes: int  # activations, gradients and other buffers live only during the step
+    generated_code_bytes: int
+    xla_peak_bytes: int  # XLA's own peak figure (CompiledMemoryStats.peak_memory_in_bytes)
+    flops_per_device: float  # compiled.cost_analysis()["flops"]: the per-device SPMD program
+    while_loops: int  # while loops in the compiled program: each body's FLOPs are counted once, not per trip
+    model_flops_per_device: float  # bert_jax.model.model_flops_per_sequence * batch / chips
+    hbm_bytes: int
+    lower_seconds: float  # tracing and lowering to StableHLO
+    compile_seconds: float  # XLA:TPU compilation
+    # XLA:TPU's refusal when the step cannot fit a chip's HBM; then nothing was compiled, and the byte and
+    # compiled-FLOP fields above are 0.
+    out_of_memory: str = ""
+
+    @property
+    def total_bytes(self) -> int:
+        """Memory the step needs on one chip: arguments + outputs (less donated ones) + temporaries + code."""
+        return (self.argument_bytes + self.output_bytes - self.alias_bytes + self.temp_bytes
+                + self.generated_code_bytes)
+
+    @property
+    def needed_bytes(self) -> int:
+        """The larger of the two per-chip figures: the one the fits verdict uses."""
+        return max(self.total_bytes, self.xla_peak_bytes)
+
+    @property
+    def fits(self) -> bool:
+        return not self.out_of_memory and self.needed_bytes <= self.hbm_bytes
+
+    @property
+    def flops_total(self) -> float:
+        return self.flops_per_device * self.num_chips
+
+    @property
+    def flops_ratio(self) -> float:
+        """Compiled FLOPs over model (matmul) FLOPs: above 1 by the elementwise work (dropout bits, softmax,
+        LayerNorm, optimizer) and any computation the sharding replicates; below 1 when loops hide work (XLA's
+        cost analysis counts a while-loop body once: grad_accum_steps > 1, scan_layers, or loops XLA makes
+        itself, such as collective matmuls over the fsdp axis)."""
+        return self.flops_per_device / self.model_flops_per_device
+
+
+def _abstract(tree, shardings):
+    return jax.tree.map(lambda leaf, sharding: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding),
+                        tree, shardings)
+
+
+def compile_train_step(config, topology: str):
+    """Compiles the train step of `config` for a TPU `topology`; returns (jax.stages.Compiled, AotReport).
+
+    Nothing is allocated: the state, batch and RNG key are abstract (shapes, dtypes and shardings only). A step
+    that cannot fit a chip's HBM is refused by XLA itself: then the compiled step is None and the report says why.
+    """
+    devices = topology_devices(topology)
+    chip = topology.split(":", 1)[0]
+    num_hosts = len({device.process_index for device in devices})
+    train.validate_config(config, len(devices), num_hosts)
+    data = config.data
+    model_config = model_lib.BertConfig.from_config(config.model)
+    model = model_lib.BertForPreTraining(model_config)
+    mesh = sharding_lib.create_mesh(config.mesh, devices)
+    rules = sharding_lib.logical_rules(config.mesh)
+    tx, schedule = optim.create_optimizer(config.optim, config.train.num_steps)
+    # Outside jax.set_mesh: under a mesh of compile-only devices any eager operation (abstract_train_state makes
+    # its init key eagerly) fails, as there is nothing to run it on.
+    abstract_state, state_shardings, _ = train.abstract_train_state(model, tx, mesh, rules, data.max_seq_length,
+                                                                    data.max_predictions_per_seq)
+    key = jax.eval_shape(lambda: jax.random.key(0))
+    batch_sharding = sharding_lib.batch_sharding(mesh, rules)
+    replicated = NamedSharding(mesh, PartitionSpec())
+    batch = _abstract_batch(config)
+    step = jax.jit(train.make_train_step(model, tx, schedule, rules, mesh, config.optim.grad_accum_steps),
+                   in_shardings=(state_shardings, batch_sharding, replicated),
+                   out_shardings=(state_shardings, replicated), donate_argnums=0)
+    abstract_args = (_abstract(abstract_state, state_shardings),
+                     {name: jax.ShapeDtypeStruct(value.shape, value.dtype, sharding=batch_sharding)
+                      for name, value in batch.items()},
+                     jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=replicated))
+    # jax.set_mesh, not `with mesh:`, or flax's logical activation constraints silently do nothing.
+    with jax.set_mesh(mesh):
+        start = time.perf_counter()
+        lowered = step.trace(*abstract_args).lower()
+        lowered_at = time.perf_counter()
+        try:
+            compiled = lowered.compile()
+        except jax.errors.JaxRuntimeError as error:
+            if "RESOURCE_EXHAUSTED" not in str(error):
+                raise
+            compiled, out_of_memory = None, str(error).split("\n", 1)[0]
+        compiled_at = time.perf_counter()
+    rows, seq_length = batch["input_ids"].shape
+    predictions = batch["masked_lm_positions"].shape[1]
+    model_flops = model_lib.model_flops_per_sequence(model_config, seq_length, predictions) * rows
+    common = dict(
+        topology=topology, device_kind=devices[0].device_kind, num_chips=len(devices), num_hosts=num_hosts,
+        mesh=dict(mesh.shape), batch_size=rows, seq_length=seq_length, dtype=model_config.dtype,
+        num_params=sum(int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(abstract_state.params)),
+        model_flops_per_device=model_flops / len(devices), hbm_bytes=HBM_GIB_PER_CHIP[chip] * GIB,
+        lower_seconds=lowered_at - start, compile_seconds=compiled_at - lowered_at)
+    if compiled is None:
+        return None, AotReport(**common, argument_bytes=0, output_bytes=0, alias_bytes=0, temp_bytes=0,
+                               generated_code_bytes=0, xla_peak_bytes=0, flops_per_device=0.0, while_loops=0,
+                               out_of_memory=out_of_memory)
+    memory = compiled.memory_analysis()
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    report = AotReport(
+        **common, argument_bytes=memory.argument_size_in_bytes, output_bytes=memory.output_size_in_bytes,
+        alias_bytes=memory.alias_size_in_bytes, temp_bytes=memory.temp_size_in_bytes,
+        generated_code_bytes=memory.generated_code_size_in_bytes,
+        xla_peak_bytes=int(getattr(memory, "peak_memory_in_bytes", 0)), flops_per_device=float(cost["flops"]),
+        while_loops=len(re.findall(r"\bwhile\(", compiled.as_text())))
+    return compiled, report
+
+
+def _gib(value: int) -> str:
+    return f"{value / GIB:.2f} GiB" if value >= GIB else f"{value / (1 << 20):.1f} MiB"
+
+
+def _fits(report: AotReport) -> str:
+    if report.out_of_memory:
+        # e.g. "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO temporaries
+        # (45.40G) exceeds available HBM (15.75G)."
+        needed = re.search(r"required for (.+?) \(([\d.]+\w?)\) exceeds available HBM \(([\d.]+\w?)\)",
+                           report.out_of_memory)
+        if needed:
+            return f"NO: XLA needs {needed.group(2)} for {needed.group(1)}, {needed.group(3)} of HBM available"
+        return f"NO: {report.out_of_memory}"
+    share = f"({report.needed_bytes / report.hbm_bytes:.0%} of HBM)"
+    return f"yes {share}" if report.fits else f"NO {share}"
+
+
+def format_reports(reports: list[AotReport]) -> str:
+    """A table with one column per compiled topology ("-" where XLA refused a step too large for the chip)."""
+    compiled_rows = [
+        ("per chip: arguments", lambda r: _gib(r.argument_bytes)),
+        ("per chip: outputs", lambda r: _gib(r.output_bytes)),
+        ("per chip: donated (aliased)", lambda r: _gib(r.alias_bytes)),
+        ("per chip: temporaries", lambda r: _gib(r.temp_bytes)),
+        ("per chip: generated code", lambda r: _gib(r.generated_code_bytes)),
+        ("per chip: total", lambda r: _gib(r.total_bytes)),
+        ("per chip: XLA peak", lambda r: _gib(r.xla_peak_bytes)),
+    ]
+    flops_rows = [
+        ("compiled TFLOP/step per chip", lambda r: f"{r.flops_per_device / 1e12:.4g}"),
+        ("compiled TFLOP/step total", lambda r: f"{r.flops_total / 1e12:.4g}"),
+    ]
+    rows = [
+        ("topology", lambda r: r.topology),
+        ("device kind", lambda r: r.device_kind),
+        ("chips (hosts)", lambda r: f"{r.num_chips} ({r.num_hosts})"),
+        ("mesh data,fsdp,tensor", lambda r: ",".join(str(size) for size in r.mesh.values())),
+        ("global batch x seq", lambda r: f"{r.batch_size} x {r.seq_length}"),
+        ("dtype, parameters", lambda r: f"{r.dtype}, {r.num_params / 1e6:.1f}M"),
+        *compiled_rows,
+        ("HBM per chip", lambda r: _gib(r.hbm_bytes)),
+        ("fits", _fits),
+        *flops_rows,
+        ("model TFLOP/step per chip", lambda r: f"{r.model_flops_per_device / 1e12:.4g}"),
+        ("compiled / model FLOPs", lambda r: f"{r.flops_ratio:.3f}" + (" *" if r.while_loops else "")),
+        ("lower / compile time", lambda r: f"{r.lower_seconds:.1f} s / {r.compile_seconds:.1f} s"),
+    ]
+    needs_compiled = {label for label, _ in compiled_rows + flops_rows} | {"compiled / model FLOPs"}
+    cells = [[label] + ["-" if report.out_of_memory and label in needs_compiled else value(report)
+                        for report in reports] for label, value in rows]
+    widths = [max(len(row[column]) for row in cells) for column in range(len(cells[0]))]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in cells]
+    lines.insert(1, "-" * len(lines[0]))
+    return "\n".join(lines)
+
+
+def _attention_note(config) -> str | None:
+    """The model picks its attention kernel by jax.default_backend(), which is the CPU here, not the TPU."""
+    if config.model.get("attention", "reference") in ("auto", "pallas") and not config.model.attention_dropout_rate:
+        return ("note: compiled with XLA attention; on the TPU itself model.attention=auto/pallas picks the Pallas "
+                "splash kernel (chosen by jax.default_backend(), which is the CPU in this process), so memory and "
+                "FLOPs of that path may differ")
+    return None
+
+
+FLAGS = flags.FLAGS
+
+
+def _define_flags() -> None:
+    """Only when run as a program: importing the library must not claim --config (bert_jax.main has one too)."""
+    flags.DEFINE_list("topology", None, "TPU topologies to compile for, CHIP:AxB[xC] (chips: "
+                      f"{', '.join(sorted(HBM_GIB_PER_CHIP))}), e.g. v5e:16x16,v5p:4x4x4,v4:2x2x4.")
+    config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/pretrain.py:size=large.",
+                                    lock_config=True)
+    flags.mark_flags_as_required(["config", "topology"])
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    reports = []
+    for topology in FLAGS.topology:
+        try:
+            reports.append(compile_train_step(FLAGS.config, topology)[1])
+        except ValueError as error:  # bad topology or a config that does not suit it: name the flag, no traceback
+            raise app.UsageError(str(error)) from None
+        except LibtpuMissingError as error:
+            raise SystemExit(f"bert_jax.aot: {error}") from None
+    print(format_reports(reports))
+    if any(report.while_loops for report in reports):
+        print("* the compiled step has while loops, whose bodies XLA's cost analysis counts once: its FLOPs are a "
+              "lower bound (grad_accum_steps > 1, scan_layers, or XLA's own loops such as collective matmuls)")
+    note = _attention_note(FLAGS.config)
+    if note:
+        print(note)
+
+
+if __name__ == "__main__":
+    _define_flags()
+    app.run(main)

@@ -1,0 +1,164 @@
+"""Ahead-of-time compilation of the real train step for TPU topologies on this CPU host (bert_jax.aot).
+
+Needs libtpu, which the test extra pins: without it these tests fail (they do not skip), so CI notices.
+"""
+
+import functools
+import math
+import os
+import re
+import subprocess
+import sys
+
+import jax
+import pytest
+
+from bert_jax import aot
+from bert_jax import model as model_lib
+from configs import pretrain
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOPOLOGY = "v5e:2x2"  # 4 chips, one host: the smallest slice that holds an fsdp x tensor = 2 x 2 mesh
+
+
+def _require_libtpu():
+    """Called first in every test, so that a missing libtpu fails each test (not an error in a fixture)."""
+    try:
+        import libtpu  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+    except ImportError:
+        pytest.fail("libtpu is not installed, and bert_jax.aot compiles for TPU topologies with its compiler: "
+                    "install the test extra (pip install -e '.[test]'), which pins it", pytrace=False)
+
+
+def _tiny_config():
+    config = pretrain.get_config("size=tiny")
+    config.mesh.data, config.mesh.fsdp, config.mesh.tensor = 1, 2, 2
+    return config
+
+
+@functools.cache
+def _compiled_tiny():
+    """The tiny preset's train step (global batch 32) compiled once for a 4-chip v5e slice."""
+    return aot.compile_train_step(_tiny_config(), TOPOLOGY)
+
+
+def _state_shard_bytes(config):
+    """Exact bytes of one chip's shard of the train state, from the shardings the training loop uses."""
+    from bert_jax import optim, sharding as sharding_lib, train  # pylint: disable=import-outside-toplevel
+    devices = aot.topology_devices(TOPOLOGY)
+    model = model_lib.BertForPreTraining(model_lib.BertConfig.from_config(config.model))
+    mesh = sharding_lib.create_mesh(config.mesh, devices)
+    tx, _ = optim.create_optimizer(config.optim, config.train.num_steps)
+    abstract, shardings, _ = train.abstract_train_state(model, tx, mesh, sharding_lib.logical_rules(config.mesh),
+                                                        config.data.max_seq_length,
+                                                        config.data.max_predictions_per_seq)
+    return sum(math.prod(sharding.shard_shape(leaf.shape)) * leaf.dtype.itemsize
+               for leaf, sharding in zip(jax.tree.leaves(abstract), jax.tree.leaves(shardings)))
+
+
+def test_compiled_step_memory_is_the_sharded_state_plus_activations():
+    _require_libtpu()
+    _, report = _compiled_tiny()
+    assert (report.num_chips, report.num_hosts, report.device_kind) == (4, 1, "TPU v5 lite")
+    assert report.mesh == {"data": 1, "fsdp": 2, "tensor": 2}
+    for field in ("argument_bytes", "output_bytes", "alias_bytes", "temp_bytes", "generated_code_bytes",
+                  "xla_peak_bytes"):
+        assert getattr(report, field) > 0, field
+    # The arguments are this chip's quarter of the state (parameters and two Adam moments) plus its batch rows:
+    # a replicated state would be ~4x as large. TPU tile layouts pad small arrays, hence the upper margin.
+    state = _state_shard_bytes(_tiny_config())
+    assert state < report.num_params * 12 / 2  # sanity of the expectation itself: sharded, not replicated
+    assert state <= report.argument_bytes <= 1.25 * state + (1 << 20)
+    # The state is donated: the new state is written over it.
+    assert state <= report.alias_bytes <= report.argument_bytes
+    assert report.total_bytes == (report.argument_bytes + report.output_bytes - report.alias_bytes
+                                  + report.temp_bytes + report.generated_code_bytes)
+    assert report.fits and report.hbm_bytes == 16 * aot.GIB
+
+
+def test_compiled_step_flops_match_the_model_per_chip():
+    _require_libtpu()
+    compiled, report = _compiled_tiny()
+    config = _tiny_config()
+    model_config = model_lib.BertConfig.from_config(config.model)
+    expected = model_lib.model_flops_per_sequence(model_config, 128, 20) * 32 / 4
+    assert report.model_flops_per_device == pytest.approx(expected)
+    assert report.flops_per_device == compiled.cost_analysis()["flops"]
+    # The compiled step is forward + backward (model_flops_per_sequence's 3x forward matmuls) plus the work the
+    # model count leaves out: dropout bits, softmax, LayerNorm, GELU and the AdamW update, ~20% here (measured
+    # 1.21). A wrong batch (2x), or a step replicated over an axis instead of split, lands outside. XLA's cost
+    # analysis counts a loop body once, so the bound holds only for a step without loops, as this one is.
+    assert report.while_loops == 0
+    assert 1.0 <= report.flops_ratio <= 1.45, report.flops_ratio
+    assert report.flops_total == pytest.approx(report.flops_per_device * 4)
+
+
+def test_a_step_too_large_for_the_chip_is_reported_not_raised():
+    _require_libtpu()
+    config = pretrain.get_config("size=tiny")
+    config.model.num_layers, config.model.vocab_size = 1, 512
+    config.data.max_seq_length, config.train.batch_size = 512, 16384  # ~20 GiB of activations per 16 GiB chip
+    compiled, report = aot.compile_train_step(config, TOPOLOGY)
+    assert compiled is None and not report.fits
+    assert "RESOURCE_EXHAUSTED" in report.out_of_memory
+    table = aot.format_reports([report])
+    assert re.search(r"fits\s+NO: XLA needs [\d.]+G for HLO temporaries, [\d.]+G of HBM available", table), table
+    assert re.search(r"per chip: total\s+-\n", table), table
+
+
+def test_bad_topologies_name_the_flag():
+    _require_libtpu()
+    with pytest.raises(ValueError, match=r"--topology='v9x:2x2'.*unknown TPU chip 'v9x'"):
+        aot.topology_devices("v9x:2x2")
+    with pytest.raises(ValueError, match=r"--topology='v5p-128'.*v5p-128 = v5p:4x4x4"):
+        aot.topology_devices("v5p-128")
+    with pytest.raises(ValueError, match=r"--topology='v5e:3x3': libtpu cannot build it"):
+        aot.topology_devices("v5e:3x3")
+    # v4 is one (megacore) device per chip, as a v4 TPU VM runs it.
+    assert len(aot.topology_devices("v4:2x2x1")) == 4
+
+
+def _run_cli(*args):
+    env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2")
+    return subprocess.run([sys.executable, "-m", "bert_jax.aot", "--config=configs/pretrain.py:size=tiny", *args],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
+
+
+def test_cli_prints_the_table():
+    _require_libtpu()
+    # One layer and a small vocab keep this compile short; the numbers are checked above.
+    result = _run_cli(f"--topology={TOPOLOGY}", "--config.model.num_layers=1", "--config.model.vocab_size=512",
+                      "--config.train.batch_size=8")
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = dict(re.split(r"\s{2,}", line, maxsplit=1) for line in result.stdout.splitlines()
+                 if re.search(r"\S\s{2,}\S", line))
+    assert lines["topology"] == TOPOLOGY
+    assert lines["chips (hosts)"] == "4 (1)"
+    assert lines["mesh data,fsdp,tensor"] == "4,1,1"
+    assert lines["global batch x seq"] == "8 x 128"
+    assert lines["fits"].startswith("yes")
+    for label in ("per chip: arguments", "per chip: temporaries", "per chip: total", "per chip: XLA peak"):
+        assert lines[label].endswith("iB") and float(lines[label].split()[0]) > 0, (label, lines[label])
+    assert float(lines["compiled TFLOP/step per chip"]) > 0
+    assert 1.0 <= float(lines["compiled / model FLOPs"]) <= 1.6
+
+
+def test_cli_bad_topology_names_the_flag():
+    _require_libtpu()
+    result = _run_cli("--topology=v5litepod-16")
+    assert result.returncode != 0
+    assert "--topology='v5litepod-16'" in result.stderr and "v5e:16x16" in result.stderr, result.stderr[-2000:]
+
+
+def test_cli_without_libtpu_says_which_extra_installs_it():
+    _require_libtpu()
+    # libtpu made unimportable in the child, as on a machine without the aot / test extra (JAX, once it has
+    # loaded libtpu here, also exports its path as TPU_LIBRARY_PATH: drop that too).
+    script = ("import runpy, sys; sys.modules['libtpu'] = None; "
+              "sys.argv = ['aot', '--config=configs/pretrain.py:size=tiny', '--topology=v5e:2x2']; "
+              "runpy.run_module('bert_jax.aot', run_name='__main__')")
+    env = {name: value for name, value in os.environ.items() if name != "TPU_LIBRARY_PATH"}
+    result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=dict(env, JAX_PLATFORMS="cpu"),
+                            capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode != 0
+    assert "needs libtpu: pip install -e '.[aot]'" in result.stderr, result.stderr[-2000:]

@@ -1,0 +1,79 @@
+"""Smoke test of the train-step benchmark (bert_jax.benchmark): figures present and consistent, never timed."""
+
+import subprocess
+import sys
+
+import flax.linen as nn
+import jax
+import numpy as np
+import pytest
+
+from bert_jax import benchmark
+from bert_jax import model as model_lib
+from tests.helpers import ROOT
+
+
+def test_run_reports_jax_and_torch_steps_with_consistent_flops():
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    lines = []
+    # Four of the eight fake devices: batch 4 is then one sequence per device, a really sharded step.
+    results = benchmark.run(["tiny"], seq_length=32, batch_size=4, steps=2, warmup=0, matmul_size=256,
+                            compare_torch=True, devices=jax.devices()[:4], print_fn=lines.append)
+    (result,) = results
+    assert result["max_predictions"] == 5  # 15% of 32
+    assert len(result["step_times"]) == 2 and min(result["step_times"]) > 0 and result["step_s"] > 0
+    assert result["compile_s"] > 0 and np.isfinite(result["loss"])
+    expected_flops = model_lib.model_flops_per_sequence(result["model_config"], 32, 5) * 4
+    assert result["flops_per_step"] == expected_flops
+    assert result["tokens_per_s"] == pytest.approx(result["seq_per_s"] * 32)
+    assert 0 < result["mfu_ceiling"] < 1.5
+    assert result["mfu_peak"] is None  # no nominal peak for a CPU
+    assert result["xla_bytes"] > 0 and result["peak_bytes"] > 0
+    assert result["torch_stock_s"] > 0 and result["torch_gathered_s"] > 0 and result["torch_threads"] >= 1
+    assert result["speedup_vs_stock"] == pytest.approx(result["torch_stock_s"] / result["step_s"])
+    # Same batch, same architecture, fresh initialisations: both losses sit near ln(vocab) + ln(2) = 11.0.
+    assert abs(result["torch_loss"] - result["loss"]) < 1.0
+
+    text = "\n".join(lines)
+    step_header = next(line for line in lines if line.startswith("preset") and "compile s" in line)
+    torch_header = next(line for line in lines if line.startswith("preset") and "torch stock s" in line)
+    for column in benchmark.STEP_COLUMNS:
+        assert column in step_header
+    for column in benchmark.TORCH_COLUMNS:
+        assert column in torch_header
+    assert "peak GiB: process peak RSS" in text and "matmul ceiling" in text and "CPU threads" in text
+    step_row = lines[lines.index(step_header) + 1]
+    assert step_row.split()[:4] == ["tiny", "32", "4", "float32"]
+    assert len(step_row.split()) == len(benchmark.STEP_COLUMNS)
+    assert len(lines[lines.index(torch_header) + 1].split()) == len(benchmark.TORCH_COLUMNS)
+
+
+def test_model_flops_count_encoder_matmuls_attention_and_masked_head_only():
+    config = model_lib.BertConfig(vocab_size=512, hidden_size=64, num_layers=2, num_heads=2, intermediate_size=256)
+    params = jax.eval_shape(lambda: nn.unbox(model_lib.BertForPreTraining(config).init(
+        jax.random.key(0), *(np.zeros((1, 16), np.int32),) * 3, np.zeros((1, 3), np.int32))["params"]))
+    # N: every encoder-layer kernel (the real model's, counted from its parameter tree).
+    encoder_kernels = sum(leaf.size for path, leaf in jax.tree_util.tree_leaves_with_path(params)
+                          if path[0].key.startswith("layer_") and path[-1].key == "kernel")
+    seq, predictions, h, layers, vocab = 16, 3, 64, 2, 512
+    expected = (6 * encoder_kernels * seq + 12 * layers * h * seq * seq
+                + 6 * predictions * (h * h + h * vocab) + 6 * (h * h + 2 * h))
+    assert model_lib.model_flops_per_sequence(config, seq, predictions) == expected
+
+
+def test_synthetic_batch_masks_distinct_real_tokens():
+    batch = benchmark.synthetic_batch(8, 32, 5, vocab_size=512, seed=1)
+    lengths = batch["input_mask"].sum(1)
+    for row, positions in enumerate(batch["masked_lm_positions"]):
+        assert len(set(positions.tolist())) == 5
+        assert positions.min() >= 1 and positions.max() < lengths[row] - 1
+    assert (np.take_along_axis(batch["input_ids"], batch["masked_lm_positions"], 1) == benchmark.MASK_ID).all()
+    assert (batch["input_ids"][batch["input_mask"] == 0] == 0).all()
+
+
+def test_benchmark_imports_no_tensorflow_or_torch():
+    # It must run on a JAX-only accelerator image: torch is imported only when the comparison runs.
+    code = ("import sys, bert_jax.benchmark; bad = sorted({m.split('.')[0] for m in sys.modules} & "
+            "{'tensorflow', 'torch', 'transformers'}); assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=120)

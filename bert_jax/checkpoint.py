@@ -227,7 +227,7 @@ class Checkpointer:
         self.manager.reload()
 
 
-def _step_directory(path: str) -> epath.Path | None:
+def step_directory(path: str) -> epath.Path | None:
     """The step directory `path` names (itself, or a checkpoints directory's latest step); None if neither."""
     directory = epath.Path(path)
     if (directory / STATE_ITEM).exists():
@@ -241,7 +241,7 @@ def _step_directory(path: str) -> epath.Path | None:
 
 def is_checkpoint(path: str) -> bool:
     """True for one of our checkpoints: a step directory or a checkpoints directory with at least one step."""
-    return _step_directory(path) is not None
+    return step_directory(path) is not None
 
 
 def restore_params(path: str, abstract_params, params_shardings):
@@ -252,7 +252,7 @@ def restore_params(path: str, abstract_params, params_shardings):
     if not epath.Path(path).exists():
         raise FileNotFoundError(f"checkpoint {path} does not exist; give a step directory (.../checkpoints/1000) "
                                 "or a checkpoints directory")
-    directory = _step_directory(path)
+    directory = step_directory(path)
     if directory is None:
         raise FileNotFoundError(f"{path} is neither a checkpoint step directory (no '{STATE_ITEM}' inside) nor "
                                 "a checkpoints directory with numbered steps")

@@ -43,7 +43,7 @@ from bert_jax import model as model_lib
 from bert_jax import optim
 from bert_jax import sharding as sharding_lib
 from bert_jax import tokenization
-from bert_jax.train import NonFiniteLossError, TrainState
+from bert_jax.train import NonFiniteLossError, TrainState, apply_gradients
 
 POOLINGS = ("cls", "mean", "last4")
 MODES = ("finetune", "features")
@@ -188,10 +188,7 @@ def load_params(config, model: nn.Module, source: ModelSource, mesh, rules, rng)
 
 def _check_checkpoint_fits(path: str, abstract) -> None:
     """Names the first parameter the bert_jax checkpoint lacks or holds in another shape, before reading any."""
-    directory = epath.Path(path)
-    if not (directory / checkpoint_lib.STATE_ITEM).exists():  # a checkpoints directory: its latest complete step
-        directory = directory / str(max(int(child.name) for child in directory.iterdir()
-                                        if child.name.isdigit() and (child / checkpoint_lib.STATE_ITEM).exists()))
+    directory = checkpoint_lib.step_directory(path)  # a checkpoints directory: its latest complete step
     saved = ocp.PyTreeCheckpointer().metadata(directory / checkpoint_lib.STATE_ITEM)
     saved = getattr(saved, "item_metadata", saved)["train_state"]["params"]
     fix = "Fix: set --config.model.* to the architecture the checkpoint was trained with"
@@ -254,10 +251,7 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation, schedule
     def train_step(state: TrainState, batch, rng):
         (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
             state.params, batch, jax.random.fold_in(rng, state.step))
-        updates, opt_state = tx.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
-        metrics = dict(metrics, grad_norm=optax.tree.norm(grads), learning_rate=schedule(state.step))
-        return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+        return apply_gradients(state, grads, tx, schedule, metrics)
 
     return train_step
 

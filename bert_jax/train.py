@@ -153,6 +153,14 @@ def batch_denominators(batch):
     return jnp.sum(batch["masked_lm_weights"].astype(jnp.float32)) + 1e-5, nsp_count
 
 
+def apply_gradients(state: TrainState, grads, tx: optax.GradientTransformation, schedule, metrics):
+    """One optimizer update; adds grad_norm and learning_rate to `metrics`. Returns (state, metrics)."""
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics = dict(metrics, grad_norm=optax.tree.norm(grads), learning_rate=schedule(state.step))
+    return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+
 def make_train_step(model: nn.Module, tx: optax.GradientTransformation, schedule, rules, mesh,
                     grad_accum_steps: int = 1):
     """Returns the pure `train_step(state, batch, rng) -> (state, metrics)`.
@@ -185,10 +193,7 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation, schedule
                                          jnp.zeros((), jnp.float32))
             micro_batches = (jnp.arange(grad_accum_steps), jax.tree.map(split, batch))
             (grads, metrics), _ = jax.lax.scan(accumulate, (zeros, zero_metrics), micro_batches)
-        updates, opt_state = tx.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
-        metrics = dict(metrics, grad_norm=optax.tree.norm(grads), learning_rate=schedule(state.step))
-        return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+        return apply_gradients(state, grads, tx, schedule, metrics)
 
     return train_step
 

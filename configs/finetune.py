@@ -10,7 +10,7 @@ The config is locked, so a misspelt override is an error rather than a silently 
 
 import ml_collections
 
-from configs.pretrain import MODEL_PRESETS
+from configs.pretrain import MODEL_PRESETS, mesh_config
 
 # task -> (TFDS name, text columns, train split, eval split); labels are the dataset's `label` ClassLabel.
 GLUE_TASKS = {
@@ -65,26 +65,7 @@ def get_config(arg=None):
     model.layer_norm_eps = 1e-12  # as in the original BERT
     model.dtype = "float32"  # compute dtype: "float32" or "bfloat16" (parameters always stay float32)
 
-    config.mesh = mesh = ml_collections.ConfigDict()
-    mesh.data = -1  # data-parallel axis size; -1 fills the devices left over by the other axes
-    mesh.fsdp = 1  # fully-sharded data-parallel axis size (parameters and optimizer state sharded over it)
-    mesh.tensor = 1  # tensor-parallel axis size (heads, mlp and vocab split over it)
-    # Logical axis -> mesh axes, as in configs/pretrain.py (batch over ('fsdp', 'data'): see the note there).
-    mesh.rules = (
-        ("batch", ("fsdp", "data")),
-        ("length", None),
-        ("act_embed", None),
-        ("act_heads", "tensor"),
-        ("act_mlp", "tensor"),
-        ("embed", "fsdp"),
-        ("heads", "tensor"),
-        ("mlp", "tensor"),
-        ("vocab", "tensor"),
-        ("position", None),
-        ("segment", None),
-        ("norm", None),
-        ("classes", None),
-    )
+    config.mesh = mesh_config()  # as in configs/pretrain.py
 
     config.optim = optim = ml_collections.ConfigDict()
     optim.optimizer = "adamw"  # "adamw" or "lamb"

@@ -37,6 +37,33 @@ def _parse_arg(arg):
     return options
 
 
+def mesh_config() -> ml_collections.ConfigDict:
+    """The mesh section, shared by every recipe (configs/finetune.py too)."""
+    mesh = ml_collections.ConfigDict()
+    mesh.data = -1  # data-parallel axis size; -1 fills the devices left over by the other axes
+    mesh.fsdp = 1  # fully-sharded data-parallel axis size (parameters and optimizer state sharded over it)
+    mesh.tensor = 1  # tensor-parallel axis size (heads, mlp and vocab split over it)
+    # Logical axis -> mesh axes. The batch goes over ('fsdp', 'data') in that order: XLA:CPU computed wrong gradients
+    # for ('data', 'fsdp') with FSDP + TP parameters (see tests/test_sharding.py, which guards this).
+    mesh.rules = (
+        ("batch", ("fsdp", "data")),
+        ("length", None),
+        ("act_embed", None),
+        ("act_heads", "tensor"),
+        ("act_mlp", "tensor"),
+        ("embed", "fsdp"),
+        ("heads", "tensor"),
+        ("mlp", "tensor"),
+        ("vocab", "tensor"),
+        ("position", None),
+        ("segment", None),
+        ("norm", None),
+        ("classes", None),
+        ("layers", None),  # the leading axis of scanned layer parameters (model.scan_layers)
+    )
+    return mesh
+
+
 def get_config(arg=None):
     options = _parse_arg(arg)
     layers, hidden, heads = MODEL_PRESETS[options["size"]]
@@ -77,28 +104,7 @@ def get_config(arg=None):
     # leading layer axis (model.unstack_layers / stack_layers convert; exports unstack automatically).
     model.scan_layers = False
 
-    config.mesh = mesh = ml_collections.ConfigDict()
-    mesh.data = -1  # data-parallel axis size; -1 fills the devices left over by the other axes
-    mesh.fsdp = 1  # fully-sharded data-parallel axis size (parameters and optimizer state sharded over it)
-    mesh.tensor = 1  # tensor-parallel axis size (heads, mlp and vocab split over it)
-    # Logical axis -> mesh axes. The batch goes over ('fsdp', 'data') in that order: XLA:CPU computed wrong gradients
-    # for ('data', 'fsdp') with FSDP + TP parameters (see tests/test_sharding.py, which guards this).
-    mesh.rules = (
-        ("batch", ("fsdp", "data")),
-        ("length", None),
-        ("act_embed", None),
-        ("act_heads", "tensor"),
-        ("act_mlp", "tensor"),
-        ("embed", "fsdp"),
-        ("heads", "tensor"),
-        ("mlp", "tensor"),
-        ("vocab", "tensor"),
-        ("position", None),
-        ("segment", None),
-        ("norm", None),
-        ("classes", None),
-        ("layers", None),  # the leading axis of scanned layer parameters (model.scan_layers)
-    )
+    config.mesh = mesh_config()
 
     config.optim = optim = ml_collections.ConfigDict()
     optim.optimizer = "adamw"  # "adamw" or "lamb"

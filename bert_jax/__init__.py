@@ -2,16 +2,27 @@
 
 import os as _os
 
+# XLA:CPU settings (jaxlib 0.10.x), applied when bert_jax is imported, before JAX starts its CPU backend. Each one is
+# added only if XLA_FLAGS does not already name it, so `XLA_FLAGS=--FLAG=VALUE` overrides any of them. They are
+# CPU-only options: other backends ignore them.
+CPU_XLA_FLAGS = (
+    # The "ynn" fusion silently returned NaN for a dot with a constant operand fused into a reduction: off.
+    ("xla_cpu_experimental_ynn_fusion_type", ""),
+    # Dots through oneDNN instead of Eigen: on this project's 2-core benchmark machine, the BERT-base fp32 training
+    # step went from 3.17 s to 2.71 s, batched attention matmuls ran twice as fast, and every parity test against
+    # transformers and the original BERT fixtures holds unchanged (fp32 stays fp32: oneDNN's strict math mode).
+    ("xla_cpu_use_onednn", "true"),
+    ("xla_cpu_experimental_onednn_fusion_type", "individual_dot"),
+)
 
-def _avoid_xla_cpu_ynn_fusion() -> None:
-    # XLA:CPU's "ynn" fusion (jaxlib 0.10.x) silently returns NaN for a dot with a constant operand fused into a
-    # reduction. Turning it off costs nothing measurable; it must happen before JAX starts its CPU backend.
-    flag = "--xla_cpu_experimental_ynn_fusion_type="
+
+def _set_cpu_xla_flags() -> None:
     current = _os.environ.get("XLA_FLAGS", "")
-    if "xla_cpu_experimental_ynn_fusion_type" not in current:
-        _os.environ["XLA_FLAGS"] = f"{current} {flag}".strip()
+    added = [f"--{name}={value}" for name, value in CPU_XLA_FLAGS if name not in current]
+    if added:
+        _os.environ["XLA_FLAGS"] = " ".join([current, *added]).strip()
 
 
-_avoid_xla_cpu_ynn_fusion()
+_set_cpu_xla_flags()
 
 __version__ = "0.1.0"

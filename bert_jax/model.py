@@ -25,8 +25,8 @@ import numpy as np
 
 HIDDEN_ACTIVATIONS = ("gelu_tanh", "gelu")
 COMPUTE_DTYPES = ("float32", "bfloat16")
-# "auto": the platform's fused kernel (cuDNN on GPU, Pallas splash on TPU, XLA's dot_product_attention elsewhere),
-# except in training with attention dropout, which only "reference" implements (see BertConfig.attention).
+# "auto": the platform's fused kernel (cuDNN on GPU, Pallas splash on TPU), except in training with attention dropout,
+# which only "reference" implements; on CPU the plain einsum/softmax "reference" path, which XLA:CPU runs fastest.
 ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "cudnn", "pallas", "reference")
 # What a rematerialised layer keeps for the backward pass: "matmuls" keeps the outputs of the weight matmuls
 # (no batch dimensions) and recomputes the rest, including the [batch, heads, length, length] attention scores;
@@ -156,27 +156,66 @@ def _constrain(x, names):
     return nn.with_logical_constraint(x, names)
 
 
-DROPOUT_BITS = 16  # random bits per dropout decision: two decisions per 32-bit threefry output
+DROPOUT_BITS = 16  # random bits per dropout decision: four decisions per threefry2x32 call (two 32-bit words)
+_THREEFRY_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
+
+
+def threefry2x32(key0, key1, x0, x1):
+    """Threefry-2x32 (20 rounds), the hash behind jax.random's default keys, written out with jnp uint32 operations.
+
+    Equal to `jax.extend.random.threefry_2x32` (tests/test_model_perf.py checks it); written out because JAX lowers that
+    primitive on CPU as a rolled loop, which XLA cannot fuse with its consumers, so every round materialised whole
+    mask-sized arrays. Unrolled, the hash and the comparison that makes the dropout mask are one elementwise kernel.
+    """
+    def rotate_left(value, distance):
+        return (value << jnp.uint32(distance)) | (value >> jnp.uint32(32 - distance))
+
+    keys = (key0, key1, key0 ^ key1 ^ jnp.uint32(0x1BD11BDA))
+    x0, x1 = x0 + keys[0], x1 + keys[1]
+    for block in range(5):
+        for distance in _THREEFRY_ROTATIONS[block % 2]:
+            x0 = x0 + x1
+            x1 = rotate_left(x1, distance) ^ x0
+        x0 = x0 + keys[(block + 1) % 3]
+        x1 = x1 + keys[(block + 2) % 3] + jnp.uint32(block + 1)
+    return x0, x1
+
+
+def _dropout_halves(rng, shape):
+    """Uniform uint16 values of `shape` (last axis a multiple of 4): one threefry call per four of them.
+
+    Element [..., 4j + i] takes 16-bit half i of the two words threefry(key, (0, c)) returns for counter c, the
+    row-major index of [..., j]. Counters come from iotas in the mask's own shape (no flat array), so under a mesh
+    each device hashes only its shard, and the values do not depend on the sharding.
+    """
+    key0, key1 = (word.astype(jnp.uint32) for word in jax.random.key_data(rng).reshape(-1)[:2])
+    quarter = (*shape[:-1], shape[-1] // 4)
+    counter = jnp.zeros(quarter, jnp.uint32)
+    stride = 1
+    for axis in reversed(range(len(quarter))):
+        counter = counter + jax.lax.broadcasted_iota(jnp.uint32, quarter, axis) * jnp.uint32(stride)
+        stride *= quarter[axis]
+    words = threefry2x32(key0, key1, jnp.zeros(quarter, jnp.uint32), counter)
+    halves = [jax.lax.bitcast_convert_type(word, jnp.uint16) for word in words]  # each [..., n/4, 2]
+    return jnp.concatenate(halves, axis=-1).reshape(shape)
 
 
 def dropout_keep_mask(rng, shape, rate: float):
     """A boolean keep mask with P(keep) = 1 - round(rate * 2^16) / 2^16, and that probability (a Python float).
 
-    jax.random.bernoulli draws a whole 32-bit threefry word per element; on XLA:CPU hashing those words was about a
-    quarter of a BERT-base training step. Each word here decides two elements (16 bits each), so the hashing halves.
-    The rate is realised to 1/65536 (0.1 -> 0.100006), and callers scale by the realised keep probability, so
-    dropout stays exactly unbiased. The mask is a pure function of (rng, shape), independent of sharding
-    (threefry is partitionable).
+    jax.random.bernoulli hashes a 32-bit threefry word per element and converts it to a float; on XLA:CPU that was
+    about a quarter of a BERT-base training step. Here each threefry call (two words) decides four elements, 16 bits
+    each, and the hash is fused with the comparison (see `threefry2x32`). The rate is realised to 1/65536
+    (0.1 -> 0.100006), and callers scale by the realised keep probability, so dropout stays exactly unbiased.
+    Keys of another PRNG implementation, or a last axis that is not a multiple of 4, use jax.random.bits.
     """
     threshold = int(round(rate * 2 ** DROPOUT_BITS))
     keep_probability = 1.0 - threshold / 2 ** DROPOUT_BITS
     size = int(np.prod(shape))
-    if shape and shape[-1] % 2 == 0:
-        words = jax.random.bits(rng, (*shape[:-1], shape[-1] // 2), jnp.uint32)
-        halves = jax.lax.bitcast_convert_type(words, jnp.uint16).reshape(shape)
-    else:  # an odd last axis (never in BERT's shapes): one word per element
-        halves = (jax.random.bits(rng, shape, jnp.uint32) >> 16).astype(jnp.uint16) if size else \
-            jnp.zeros(shape, jnp.uint16)
+    if size and shape[-1] % 4 == 0 and size // 4 < 2 ** 32 and jax.random.key_data(rng).shape == (2,):
+        halves = _dropout_halves(rng, shape)
+    else:
+        halves = (jax.random.bits(rng, shape, jnp.uint32) >> 16).astype(jnp.uint16)
     return halves >= threshold, keep_probability
 
 
@@ -277,8 +316,8 @@ def attention_implementation(config: BertConfig, query, attention_mask, determin
     """The attention path one call takes: config.attention resolved against dropout, platform, dtype and shapes.
 
     Runs at trace time. "auto" takes the reference path when attention dropout is active (no fused kernel has it),
-    else cuDNN on GPU / Pallas splash on TPU where supported, else XLA; an unsupported named kernel falls back to
-    "xla" with the reason logged.
+    else cuDNN on GPU / Pallas splash on TPU where supported (else "xla"), and "reference" on CPU; an unsupported
+    named kernel falls back to "xla" with the reason logged.
     """
     training_dropout = config.attention_dropout_rate > 0 and not deterministic
     if config.attention == "reference" or (config.attention == "auto" and training_dropout):
@@ -287,9 +326,11 @@ def attention_implementation(config: BertConfig, query, attention_mask, determin
         return "xla"
     wanted = config.attention
     if wanted == "auto":
-        wanted = {"gpu": "cudnn", "tpu": "pallas"}.get(jax.default_backend(), "xla")
-        if wanted == "xla":
-            return "xla"
+        # Elsewhere (CPU) the plain einsum/softmax path: on XLA:CPU its forward + backward took half the time of
+        # jax.nn.dot_product_attention(implementation="xla") for BERT-base's attention shapes.
+        wanted = {"gpu": "cudnn", "tpu": "pallas"}.get(jax.default_backend(), "reference")
+        if wanted == "reference":
+            return "reference"
     reason = (_cudnn_unsupported(query, attention_mask, not deterministic) if wanted == "cudnn"
               else _pallas_unsupported(query, attention_mask))
     if reason is not None:

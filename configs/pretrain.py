@@ -91,7 +91,8 @@ def get_config(arg=None):
     # softmax, LayerNorm statistics and the losses stay float32; matmuls and activations run in bfloat16).
     model.dtype = "float32"
     # "auto" | "xla" | "cudnn" | "pallas" | "reference". auto: cuDNN flash attention on GPU (bfloat16), Pallas splash
-    # attention on TPU, XLA's dot_product_attention elsewhere; an unsupported kernel falls back to "xla", logging why.
+    # attention on TPU, the reference einsum path on CPU (faster there than XLA's dot_product_attention); an
+    # unsupported kernel falls back to "xla" (jax.nn.dot_product_attention), logging why.
     # No fused kernel has attention dropout, so with attention_dropout_rate > 0 auto trains through the reference
     # einsum/softmax path (exact BERT) and uses the fused kernel for evaluation only; set attention_dropout_rate=0.0
     # for fused kernels in training too (naming a fused kernel requires it). "reference" = the plain einsum path.

@@ -220,8 +220,11 @@ def test_attention_auto_picks_reference_only_for_dropout_and_falls_back_with_a_r
     choose = model_lib.attention_implementation
     auto = _config(attention_dropout_rate=0.1)
     assert choose(auto, query, padding, deterministic=False) == "reference"  # attention dropout: exact path
-    assert choose(auto, query, padding, deterministic=True) == "xla"  # evaluation: fused (CPU: XLA)
-    assert choose(_config(), query, padding, deterministic=False) == "xla"  # no attention dropout: fused in training
+    # Without attention dropout auto takes the platform's kernel: on CPU the einsum path, XLA:CPU's fastest.
+    assert jax.default_backend() == "cpu"
+    assert choose(auto, query, padding, deterministic=True) == "reference"
+    assert choose(_config(), query, padding, deterministic=False) == "reference"
+    assert choose(_config(attention="xla"), query, padding, deterministic=False) == "xla"
     model_lib._LOGGED_ATTENTION_NOTES.clear()  # pylint: disable=protected-access
     with caplog.at_level(logging.INFO):
         assert choose(_config(attention="cudnn"), query, padding, deterministic=True) == "xla"
@@ -296,3 +299,58 @@ def test_scanned_program_does_not_grow_with_depth():
     assert program_lines(_config(scan_layers=True, num_layers=2)) == program_lines(_config(scan_layers=True,
                                                                                            num_layers=6))
     assert program_lines(_config(num_layers=6)) > program_lines(_config(num_layers=2)) + 100
+
+
+# --- dropout ---------------------------------------------------------------------------------------------------
+
+def test_unrolled_threefry_equals_jax_threefry():
+    from jax.extend.random import threefry_2x32  # pylint: disable=import-outside-toplevel
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        key = rng.integers(0, 2 ** 32, size=2, dtype=np.uint64).astype(np.uint32)
+        count = rng.integers(0, 2 ** 32, size=64, dtype=np.uint64).astype(np.uint32)
+        x0, x1 = model_lib.threefry2x32(jnp.uint32(key[0]), jnp.uint32(key[1]), jnp.asarray(count[:32]),
+                                        jnp.asarray(count[32:]))
+        np.testing.assert_array_equal(np.concatenate([x0, x1]), threefry_2x32(jnp.asarray(key), jnp.asarray(count)))
+
+
+def test_dropout_mask_rate_independence_and_unbiased_scale():
+    shape = (16, 12, 128, 128)  # 3.1M decisions
+    keep, keep_probability = model_lib.dropout_keep_mask(jax.random.key(0), shape, 0.1)
+    assert keep.shape == shape and keep.dtype == jnp.bool_
+    assert keep_probability == 1 - 6554 / 65536  # the rate realised to 1/65536
+    keep = np.asarray(keep)
+    # Binomial standard deviation of the drop fraction is ~1.7e-4 here: allow 5 of them.
+    assert abs((1 - keep.mean()) - (1 - keep_probability)) < 1e-3
+    # Each of the four 16-bit slots of a threefry call, and rows far apart, drop at the same rate.
+    for slot in range(4):
+        assert abs(1 - keep[..., slot::4].mean() - 0.1) < 2e-3
+    # Another key gives an independent mask: both kept with probability 0.9^2.
+    other, _ = model_lib.dropout_keep_mask(jax.random.key(1), shape, 0.1)
+    assert abs((keep & np.asarray(other)).mean() - keep_probability ** 2) < 2e-3
+    # Neighbouring elements are independent too (no shared bits between the halves of one word).
+    assert abs((keep[..., 0::2] & keep[..., 1::2]).mean() - keep_probability ** 2) < 2e-3
+    # Inverted dropout keeps the expectation: the mean of dropout(ones) is 1.
+    dropped = model_lib.Dropout(0.1).apply({}, jnp.ones(shape), deterministic=False,
+                                           rngs={"dropout": jax.random.key(2)})
+    assert abs(float(jnp.mean(dropped)) - 1.0) < 2e-3
+    assert set(np.unique(np.asarray(dropped)).tolist()) == {0.0, np.float32(1 / keep_probability)}
+    np.testing.assert_array_equal(model_lib.Dropout(0.1).apply({}, jnp.ones(shape), deterministic=True),
+                                  np.ones(shape))
+
+
+def test_dropout_mask_is_the_same_under_any_sharding():
+    shape = (8, 4, 16, 32)
+    rng = jax.random.key(7)
+    expected = np.asarray(jax.jit(lambda key: model_lib.dropout_keep_mask(key, shape, 0.1)[0])(rng))
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:8]).reshape(4, 2), ("data", "model"))
+    for spec in (PartitionSpec("data"), PartitionSpec("data", "model"), PartitionSpec(None, None, "model")):
+        mask = jax.jit(lambda key: model_lib.dropout_keep_mask(key, shape, 0.1)[0],
+                       out_shardings=NamedSharding(mesh, spec))(rng)
+        assert mask.sharding.spec == spec
+        np.testing.assert_array_equal(np.asarray(mask), expected)
+    # Odd shapes take jax.random.bits; other PRNG implementations too.
+    odd, _ = model_lib.dropout_keep_mask(rng, (5, 7), 0.5)
+    assert odd.shape == (5, 7)
+    rbg, _ = model_lib.dropout_keep_mask(jax.random.key(0, impl="rbg"), (4, 8), 0.5)
+    assert rbg.shape == (4, 8)

@@ -363,6 +363,7 @@ def run(sizes, seq_length: int, batch_size: int, max_predictions: int = 0, dtype
     if device.platform == "cpu":
         print_fn(f"CPU threads: JAX/XLA {cores} (its pool is sized by the cores this process may run on)"
                  + (f", torch {threads} (torch.set_num_threads)" if compare_torch else ""))
+        print_fn(f"XLA_FLAGS: {os.environ.get('XLA_FLAGS', '')} (bert_jax.CPU_XLA_FLAGS adds the oneDNN dots)")
     print_fn(f"measured {dtype_name} matmul ceiling ({matmul_size}^3{f', x{parallel} devices' if parallel > 1 else ''}"
              f"): {ceiling / 1e12:.3f} TFLOP/s; nominal bf16 peak: "
              + (f"{peak / 1e12:.0f} TFLOP/s" if peak else "unknown for this device (MFU peak: n/a)"))

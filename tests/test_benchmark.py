@@ -43,6 +43,7 @@ def test_run_reports_jax_and_torch_steps_with_consistent_flops():
     for column in benchmark.TORCH_COLUMNS:
         assert column in torch_header
     assert "peak GiB: process peak RSS" in text and "matmul ceiling" in text and "CPU threads" in text
+    assert "XLA_FLAGS: " in text and "--xla_cpu_use_onednn=true" in text
     step_row = lines[lines.index(step_header) + 1]
     assert step_row.split()[:4] == ["tiny", "32", "4", "float32"]
     assert len(step_row.split()) == len(benchmark.STEP_COLUMNS)

@@ -4,6 +4,7 @@ scanned layers and rematerialisation, each checked against the plain float32 / r
 import dataclasses
 import functools
 import logging
+import os
 
 import flax.linen as nn
 import jax
@@ -354,3 +355,18 @@ def test_dropout_mask_is_the_same_under_any_sharding():
     assert odd.shape == (5, 7)
     rbg, _ = model_lib.dropout_keep_mask(jax.random.key(0, impl="rbg"), (4, 8), 0.5)
     assert rbg.shape == (4, 8)
+
+
+# --- XLA:CPU options -------------------------------------------------------------------------------------------
+
+def test_cpu_dots_run_through_onednn_and_user_flags_win(monkeypatch):
+    import bert_jax  # pylint: disable=import-outside-toplevel
+    operand = jnp.ones((64, 64), jnp.float32)
+    compiled = jax.jit(lambda x: x @ x).lower(operand).compile().as_text()
+    assert "onednn" in compiled, "XLA:CPU dots are not going through oneDNN: bert_jax.CPU_XLA_FLAGS not applied?"
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=2 --xla_cpu_use_onednn=false")
+    bert_jax._set_cpu_xla_flags()  # pylint: disable=protected-access
+    flags = os.environ["XLA_FLAGS"].split()
+    assert flags == ["--xla_force_host_platform_device_count=2", "--xla_cpu_use_onednn=false",
+                     "--xla_cpu_experimental_ynn_fusion_type=",
+                     "--xla_cpu_experimental_onednn_fusion_type=individual_dot"]

@@ -296,8 +296,10 @@ def format_reports(reports: list[AotReport]) -> str:
 
 def _attention_note(config) -> str | None:
     """The model picks its attention kernel by jax.default_backend(), which is the CPU here, not the TPU."""
-    if config.model.get("attention", "reference") in ("auto", "pallas") and not config.model.attention_dropout_rate:
-        return ("note: compiled with XLA attention; on the TPU itself model.attention=auto/pallas picks the Pallas "
+    attention = config.model.get("attention", "reference")
+    if attention in ("auto", "pallas") and not config.model.attention_dropout_rate:
+        compiled = "the reference einsum/softmax attention" if attention == "auto" else "XLA's dot_product_attention"
+        return (f"note: compiled with {compiled}; on the TPU itself model.attention=auto/pallas picks the Pallas "
                 "splash kernel (chosen by jax.default_backend(), which is the CPU in this process), so memory and "
                 "FLOPs of that path may differ")
     return None

@@ -14,6 +14,7 @@ import dataclasses
 from typing import Any
 
 from absl import logging
+import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -274,8 +275,28 @@ def _log_attention_note(message: str) -> None:
         logging.info("attention: %s", message)
 
 
+@flax.struct.dataclass
+class SegmentMask:
+    """Attention inside segments: a token attends exactly to the tokens with its own id (`ids`: [batch, length]).
+
+    Packed rows pass their instance ids (0 for padding, which forms a block of its own) this way rather than as a
+    [batch, 1, length, length] boolean mask, so that kernels with native segment ids (Pallas splash on TPU) can
+    take them; the other paths expand it with `_full_attention_mask`.
+    """
+
+    ids: jax.Array
+
+
+def _is_padding_mask(attention_mask) -> bool:
+    return not isinstance(attention_mask, SegmentMask) and attention_mask.ndim == 2
+
+
 def _full_attention_mask(attention_mask):
-    """A boolean [batch, 1 or heads, query, key] mask from [batch, key] (padding) or [batch, query, key] masks."""
+    """A boolean [batch, 1 or heads, query, key] mask from [batch, key] (padding), [batch, query, key] masks or a
+    SegmentMask."""
+    if isinstance(attention_mask, SegmentMask):
+        ids = attention_mask.ids
+        return (ids[:, :, None] == ids[:, None, :])[:, None, :, :]
     attention_mask = attention_mask.astype(bool)
     if attention_mask.ndim == 2:
         return attention_mask[:, None, None, :]
@@ -295,7 +316,7 @@ def _cudnn_unsupported(query, attention_mask, training: bool) -> str | None:
     max_head_dim = 256 if tuple(int(v) for v in capability.split(".")[:2]) >= (9, 0) else 128
     if head_dim % 8 or head_dim > max_head_dim:
         return f"cuDNN flash attention needs a head dim that is a multiple of 8 and <= {max_head_dim}, not {head_dim}"
-    if training and attention_mask.ndim != 2 and length % 2:
+    if training and not _is_padding_mask(attention_mask) and length % 2:
         return f"cuDNN flash attention with a full mask needs an even sequence length in training, not {length}"
     return None
 
@@ -303,9 +324,9 @@ def _cudnn_unsupported(query, attention_mask, training: bool) -> str | None:
 def _pallas_unsupported(query, attention_mask) -> str | None:
     if jax.default_backend() != "tpu":
         return f"the Pallas splash-attention kernel needs a TPU; the backend is {jax.default_backend()}"
-    if attention_mask.ndim != 2:
-        return ("the Pallas splash-attention kernel takes a padding mask ([batch, length]) as segment ids, not a "
-                "full [batch, ..., query, key] mask")
+    if not isinstance(attention_mask, SegmentMask) and attention_mask.ndim != 2:
+        return ("the Pallas splash-attention kernel takes a padding mask ([batch, length]) or a SegmentMask (packed "
+                "rows) as segment ids, not a full [batch, ..., query, key] mask")
     if query.shape[1] % 128:
         return f"the Pallas splash-attention kernel needs a sequence length that is a multiple of 128, not " \
                f"{query.shape[1]}"
@@ -370,7 +391,8 @@ def _splash_attention(query, key, value, attention_mask, interpret: bool = False
     from jax.experimental.pallas.ops.tpu import splash_attention as splash
 
     scale = 1.0 / np.sqrt(query.shape[-1])
-    segment_ids = attention_mask.astype(jnp.int32)
+    segment_ids = (attention_mask.ids if isinstance(attention_mask, SegmentMask) else attention_mask).astype(
+        jnp.int32)
 
     def attend(query, key, value, segment_ids):
         _, length, heads, _ = query.shape
@@ -409,7 +431,7 @@ def fused_attention(implementation: str, query, key, value, attention_mask):
         return _splash_attention(query, key, value, attention_mask)
     if implementation == "cudnn":
         try:
-            if attention_mask.ndim == 2:
+            if _is_padding_mask(attention_mask):
                 # At least 1: an all-padding row must not give cuDNN an empty softmax (NaN); its output is unused.
                 lengths = jnp.maximum(jnp.sum(attention_mask.astype(jnp.int32), axis=-1), 1)
                 return jax.nn.dot_product_attention(query, key, value, key_value_seq_lengths=lengths,
@@ -425,8 +447,8 @@ def fused_attention(implementation: str, query, key, value, attention_mask):
 class BertSelfAttention(nn.Module):
     """Multi-head self-attention with the padding (or any boolean) mask, followed by the output projection.
 
-    `attention_mask` is [batch, length] (1 for real tokens) or a full [batch, 1, length, length] boolean mask. The
-    path is config.attention resolved by `attention_implementation`; every path computes the softmax in float32.
+    `attention_mask` is [batch, length] (1 for real tokens), a SegmentMask (packed rows) or a full [batch, 1,
+    length, length] boolean mask. The path is config.attention resolved by `attention_implementation`; every path computes the softmax in float32.
     """
 
     config: BertConfig
@@ -571,12 +593,15 @@ def _encode(config: BertConfig, input_ids, input_mask, segment_ids, deterministi
     A function rather than a submodule so that the callers (pretraining, classification, features) all own the
     same top-level names. Returns (sequence_output, hidden_states, embeddings module); hidden_states holds the
     embeddings output and every layer's output. `position_ids` (default 0..length-1) and `attention_mask` (default
-    input_mask; or a full [batch, 1, length, length] mask) are given for packed rows.
+    input_mask; a SegmentMask of instance ids, or a full [batch, 1, length, length] mask) are given for packed rows.
     """
     _, length = input_ids.shape
     if position_ids is None:
         position_ids = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32)[None, :], input_ids.shape)
-    attention_mask = input_mask.astype(bool) if attention_mask is None else attention_mask.astype(bool)
+    if attention_mask is None:
+        attention_mask = input_mask.astype(bool)
+    elif not isinstance(attention_mask, SegmentMask):
+        attention_mask = attention_mask.astype(bool)
 
     embeddings = BertEmbeddings(config, name="embeddings")
     x = embeddings(input_ids, segment_ids, position_ids, deterministic)
@@ -629,7 +654,7 @@ class BertForPreTraining(nn.Module):
                  output_hidden_states: bool = False, position_ids=None, instance_ids=None,
                  nsp_positions=None) -> dict[str, Any]:
         config = self.config
-        attention_mask = None if instance_ids is None else packed_attention_mask(instance_ids)
+        attention_mask = None if instance_ids is None else SegmentMask(instance_ids.astype(jnp.int32))
         x, hidden_states, embeddings = _encode(config, input_ids, input_mask, segment_ids, deterministic,
                                                position_ids=position_ids, attention_mask=attention_mask)
         pooled = _pool(config, x, nsp_positions)

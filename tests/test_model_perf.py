@@ -215,6 +215,25 @@ def test_pallas_splash_kernel_matches_reference_at_real_tokens():
                                atol=2e-5)
 
 
+def test_pallas_splash_kernel_takes_packed_rows_as_segment_ids():
+    # Packed rows reach the kernel as a SegmentMask: instance ids become splash's segment ids, so every token
+    # attends inside its own instance, exactly as the block-diagonal mask of the reference path.
+    query, key, value = _random_qkv(2, 128, heads=2, head_dim=64)
+    ids = np.zeros((2, 128), np.int32)
+    ids[0, :40], ids[0, 40:90], ids[0, 90:120] = 1, 2, 3  # three instances, then padding
+    ids[1, :128] = np.repeat([1, 2], 64)
+    segments = model_lib.SegmentMask(jnp.asarray(ids))
+    expected = _reference_context(query, key, value, model_lib._full_attention_mask(segments))  # pylint: disable=protected-access
+    context = model_lib._splash_attention(query, key, value, segments, interpret=True)  # pylint: disable=protected-access
+    real = ids > 0
+    np.testing.assert_allclose(np.asarray(context)[real], np.asarray(expected)[real], atol=2e-5)
+    np.testing.assert_array_equal(model_lib._full_attention_mask(segments),  # pylint: disable=protected-access
+                                  model_lib.packed_attention_mask(jnp.asarray(ids)))
+    # Only the TPU is missing here: the mask itself is accepted.
+    reason = model_lib._pallas_unsupported(query, segments)  # pylint: disable=protected-access
+    assert reason.startswith("the Pallas splash-attention kernel needs a TPU")
+
+
 def test_attention_auto_picks_reference_only_for_dropout_and_falls_back_with_a_reason(caplog):
     query, _, _ = _random_qkv(1, 8)
     padding = jnp.ones((1, 8), bool)

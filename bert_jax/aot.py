@@ -239,7 +239,9 @@ def compile_train_step(config, topology: str):
 
 
 def _gib(value: int) -> str:
-    return f"{value / GIB:.2f} GiB" if value >= GIB else f"{value / (1 << 20):.1f} MiB"
+    if value >= GIB:
+        return f"{value / GIB:.2f} GiB"
+    return f"{value / (1 << 20):.1f} MiB" if value >= 1 << 20 else f"{value / (1 << 10):.1f} KiB"
 
 
 def _fits(report: AotReport) -> str:

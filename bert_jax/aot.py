@@ -8,7 +8,9 @@ the same shardings and donation as the training loop and compiled for the topolo
 per chip, the memory XLA assigned (state and batch arguments, outputs, temporaries, code) against the chip's HBM,
 and the compiled step's FLOPs next to the model's matmul FLOPs: whether a run fits, and how the compiled work
 compares with the model's, before any TPU is booked. A step too large for the chip is refused by XLA:TPU itself
-(RESOURCE_EXHAUSTED); the table then says NO with XLA's figures instead of failing.
+(RESOURCE_EXHAUSTED); the table then says NO with XLA's figures instead of failing. The model is traced for the
+TPU (`model.compiling_for`), so `model.attention=auto`/`pallas` compiles the Pallas splash kernel, as the run on
+the TPU itself would.
 
 Topologies are `CHIP:AxB[xC]` chip grids as Cloud TPU names them (v4:2x2x4 is the v4-32 accelerator type, 16
 chips; v5p:4x4x4 is v5p-128, 64 chips; v5e:16x16 is v5litepod-256). One JAX device per chip, as on the TPU VMs
@@ -201,8 +203,9 @@ def compile_train_step(config, topology: str):
                      {name: jax.ShapeDtypeStruct(value.shape, value.dtype, sharding=batch_sharding)
                       for name, value in batch.items()},
                      jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=replicated))
-    # jax.set_mesh, not `with mesh:`, or flax's logical activation constraints silently do nothing.
-    with jax.set_mesh(mesh):
+    # jax.set_mesh, not `with mesh:`, or flax's logical activation constraints silently do nothing. Traced for the
+    # TPU, so that model.attention=auto/pallas compiles the Pallas splash kernel as the TPU run itself would.
+    with jax.set_mesh(mesh), model_lib.compiling_for("tpu"):
         start = time.perf_counter()
         lowered = step.trace(*abstract_args).lower()
         lowered_at = time.perf_counter()
@@ -296,17 +299,6 @@ def format_reports(reports: list[AotReport]) -> str:
     return "\n".join(lines)
 
 
-def _attention_note(config) -> str | None:
-    """The model picks its attention kernel by jax.default_backend(), which is the CPU here, not the TPU."""
-    attention = config.model.get("attention", "reference")
-    if attention in ("auto", "pallas") and not config.model.attention_dropout_rate:
-        compiled = "the reference einsum/softmax attention" if attention == "auto" else "XLA's dot_product_attention"
-        return (f"note: compiled with {compiled}; on the TPU itself model.attention=auto/pallas picks the Pallas "
-                "splash kernel (chosen by jax.default_backend(), which is the CPU in this process), so memory and "
-                "FLOPs of that path may differ")
-    return None
-
-
 FLAGS = flags.FLAGS
 
 
@@ -334,9 +326,6 @@ def main(argv):
     if any(report.while_loops for report in reports):
         print("* the compiled step has while loops, whose bodies XLA's cost analysis counts once: its FLOPs are a "
               "lower bound (grad_accum_steps > 1, scan_layers, or XLA's own loops such as collective matmuls)")
-    note = _attention_note(FLAGS.config)
-    if note:
-        print(note)
 
 
 if __name__ == "__main__":

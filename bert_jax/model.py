@@ -10,6 +10,7 @@ BertModel (features) and BertForSequenceClassification (fine-tuning) build the e
 hence the same parameter names (`embeddings`, `layer_{i}`, `pooler`), so pretrained parameters load unchanged.
 """
 
+import contextlib
 import dataclasses
 from typing import Any
 
@@ -266,6 +267,23 @@ class BertEmbeddings(nn.Module):
 
 
 _LOGGED_ATTENTION_NOTES = set()
+_TARGET_PLATFORM = []  # a stack; see compiling_for
+
+
+def target_platform() -> str:
+    """The platform the model is being traced for: jax.default_backend(), unless inside `compiling_for`."""
+    return _TARGET_PLATFORM[-1] if _TARGET_PLATFORM else jax.default_backend()
+
+
+@contextlib.contextmanager
+def compiling_for(platform: str):
+    """Trace for `platform` ("cpu", "gpu", "tpu") rather than this process's backend: the attention kernel is then
+    chosen as on that platform. For ahead-of-time compilation (bert_jax.aot compiles for TPU on a CPU host)."""
+    _TARGET_PLATFORM.append(platform)
+    try:
+        yield
+    finally:
+        _TARGET_PLATFORM.pop()
 
 
 def _log_attention_note(message: str) -> None:
@@ -307,8 +325,8 @@ def _full_attention_mask(attention_mask):
 
 def _cudnn_unsupported(query, attention_mask, training: bool) -> str | None:
     """Why cuDNN flash attention cannot run this call (None if it can), from its documented constraints."""
-    if jax.default_backend() != "gpu":
-        return f"cuDNN flash attention needs a GPU; the backend is {jax.default_backend()}"
+    if target_platform() != "gpu":
+        return f"cuDNN flash attention needs a GPU; the backend is {target_platform()}"
     if query.dtype not in (jnp.bfloat16, jnp.float16):
         return f"cuDNN flash attention needs bfloat16 or float16 inputs, not {query.dtype} (set model.dtype)"
     head_dim, length = query.shape[-1], query.shape[1]
@@ -322,8 +340,8 @@ def _cudnn_unsupported(query, attention_mask, training: bool) -> str | None:
 
 
 def _pallas_unsupported(query, attention_mask) -> str | None:
-    if jax.default_backend() != "tpu":
-        return f"the Pallas splash-attention kernel needs a TPU; the backend is {jax.default_backend()}"
+    if target_platform() != "tpu":
+        return f"the Pallas splash-attention kernel needs a TPU; the backend is {target_platform()}"
     if not isinstance(attention_mask, SegmentMask) and attention_mask.ndim != 2:
         return ("the Pallas splash-attention kernel takes a padding mask ([batch, length]) or a SegmentMask (packed "
                 "rows) as segment ids, not a full [batch, ..., query, key] mask")
@@ -349,7 +367,7 @@ def attention_implementation(config: BertConfig, query, attention_mask, determin
     if wanted == "auto":
         # Elsewhere (CPU) the plain einsum/softmax path: on XLA:CPU its forward + backward took half the time of
         # jax.nn.dot_product_attention(implementation="xla") for BERT-base's attention shapes.
-        wanted = {"gpu": "cudnn", "tpu": "pallas"}.get(jax.default_backend(), "reference")
+        wanted = {"gpu": "cudnn", "tpu": "pallas"}.get(target_platform(), "reference")
         if wanted == "reference":
             return "reference"
     reason = (_cudnn_unsupported(query, attention_mask, not deterministic) if wanted == "cudnn"

@@ -106,6 +106,20 @@ def test_a_step_too_large_for_the_chip_is_reported_not_raised():
     assert re.search(r"per chip: total\s+-\n", table), table
 
 
+def test_auto_attention_compiles_the_pallas_kernel_for_the_tpu_from_a_cpu_host():
+    _require_libtpu()
+    # Traced for the TPU (model.compiling_for), auto takes the splash kernel there, as the TPU run itself would;
+    # with BERT's attention dropout it keeps the exact einsum path, which no custom kernel implements.
+    config = _tiny_config()
+    config.model.attention_dropout_rate = 0.0
+    compiled, report = aot.compile_train_step(config, TOPOLOGY)
+    assert report.fits
+    assert 'custom_call_target="tpu_custom_call"' in compiled.as_text()
+    with_dropout, _ = _compiled_tiny()
+    assert 'custom_call_target="tpu_custom_call"' not in with_dropout.as_text()
+    assert model_lib.target_platform() == "cpu"  # the override ends with the compilation
+
+
 def test_bad_topologies_name_the_flag():
     _require_libtpu()
     with pytest.raises(ValueError, match=r"--topology='v9x:2x2'.*unknown TPU chip 'v9x'"):

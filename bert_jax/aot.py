@@ -100,14 +100,11 @@ def _abstract_batch(config) -> dict[str, jax.ShapeDtypeStruct]:
     if not data.get("pack", False):
         return {name: jax.ShapeDtypeStruct(value.shape, value.dtype)
                 for name, value in train.dummy_batch(batch_size, seq_length, max_predictions).items()}
-    # The packed layout of bert_jax.packing: per token, per prediction slot and per instance slot.
     from bert_jax import packing  # pylint: disable=import-outside-toplevel
-    predictions, instances = packing.packed_predictions(data), int(data.max_instances_per_row)
-    widths = {"masked_lm_positions": predictions, "masked_lm_ids": predictions, "masked_lm_weights": predictions,
-              "nsp_positions": instances, "next_sentence_labels": instances, "nsp_weights": instances}
-    return {name: jax.ShapeDtypeStruct((batch_size, widths.get(name, seq_length)),
-                                       np.float32 if name in ("masked_lm_weights", "nsp_weights") else np.int32)
-            for name in packing.PACKED_FEATURES}
+    widths = packing.feature_widths(seq_length, packing.PackingOptions.from_config(data))
+    return {name: jax.ShapeDtypeStruct((batch_size, width),
+                                       np.float32 if name in packing.FLOAT_FEATURES else np.int32)
+            for name, width in widths.items()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,9 +193,8 @@ def compile_train_step(config, topology: str):
     batch_sharding = sharding_lib.batch_sharding(mesh, rules)
     replicated = NamedSharding(mesh, PartitionSpec())
     batch = _abstract_batch(config)
-    step = jax.jit(train.make_train_step(model, tx, schedule, rules, mesh, config.optim.grad_accum_steps),
-                   in_shardings=(state_shardings, batch_sharding, replicated),
-                   out_shardings=(state_shardings, replicated), donate_argnums=0)
+    step = train.jit_train_step(train.make_train_step(model, tx, schedule, rules, mesh,
+                                                      config.optim.grad_accum_steps), state_shardings, mesh, rules)
     abstract_args = (_abstract(abstract_state, state_shardings),
                      {name: jax.ShapeDtypeStruct(value.shape, value.dtype, sharding=batch_sharding)
                       for name, value in batch.items()},

@@ -24,7 +24,6 @@ from absl import flags
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec
 
 from bert_jax import metrics as metrics_lib
 from bert_jax import model as model_lib
@@ -176,12 +175,8 @@ def benchmark_step(size: str, seq_length: int, batch_size: int, max_predictions:
     with jax.set_mesh(mesh):
         state, shardings = train.create_train_state(model, tx, mesh, rules, jax.random.key(0), seq_length,
                                                     max_predictions)
-        batch_sharding = sharding_lib.batch_sharding(mesh, rules)
-        replicated = NamedSharding(mesh, PartitionSpec())
-        step = jax.jit(train.make_train_step(model, tx, schedule, rules, mesh),
-                       in_shardings=(shardings, batch_sharding, replicated), out_shardings=(shardings, replicated),
-                       donate_argnums=0)
-        device_batch = sharding_lib.make_global_batch(batch, batch_sharding)
+        step = train.jit_train_step(train.make_train_step(model, tx, schedule, rules, mesh), shardings, mesh, rules)
+        device_batch = sharding_lib.make_global_batch(batch, sharding_lib.batch_sharding(mesh, rules))
         step_rng = jax.random.key(1)
         start = time.perf_counter()
         compiled = step.lower(state, device_batch, step_rng).compile()

@@ -59,9 +59,8 @@ def measure(size: str, directory: str, time_step: bool) -> dict[str, float]:
         batch_sharding = sharding_lib.batch_sharding(mesh, rules)
         step_times = []
         if time_step:
-            step = jax.jit(train.make_train_step(model, tx, schedule, rules, mesh),
-                           in_shardings=(shardings, batch_sharding, replicated),
-                           out_shardings=(shardings, replicated), donate_argnums=0)
+            step = train.jit_train_step(train.make_train_step(model, tx, schedule, rules, mesh), shardings, mesh,
+                                        rules)
             for index in range(4):
                 start = time.perf_counter()
                 state, metrics = step(state, sharding_lib.make_global_batch(next(batches), batch_sharding),

@@ -9,7 +9,6 @@ import time
 from absl import app
 from absl import flags
 import jax
-from jax.sharding import NamedSharding, PartitionSpec
 
 from bert_jax import model as model_lib
 from bert_jax import optim
@@ -40,10 +39,7 @@ def compile_seconds(size: str, layers: int, scan: bool, remat: str, seq_length: 
         batch = {name: jax.ShapeDtypeStruct(value.shape, value.dtype)
                  for name, value in train.dummy_batch(batch_size, seq_length, predictions).items()}
         start = time.perf_counter()
-        step = jax.jit(train.make_train_step(model, tx, schedule, rules, mesh),
-                       in_shardings=(shardings, sharding_lib.batch_sharding(mesh, rules),
-                                     NamedSharding(mesh, PartitionSpec())),
-                       out_shardings=(shardings, NamedSharding(mesh, PartitionSpec())), donate_argnums=0)
+        step = train.jit_train_step(train.make_train_step(model, tx, schedule, rules, mesh), shardings, mesh, rules)
         lowered = step.lower(abstract, batch, jax.random.key(0))
         lowered_at = time.perf_counter()
         lowered.compile()

@@ -43,7 +43,7 @@ from bert_jax import model as model_lib
 from bert_jax import optim
 from bert_jax import sharding as sharding_lib
 from bert_jax import tokenization
-from bert_jax.train import NonFiniteLossError, TrainState, apply_gradients
+from bert_jax.train import NonFiniteLossError, TrainState, apply_gradients, jit_train_step
 
 POOLINGS = ("cls", "mean", "last4")
 MODES = ("finetune", "features")
@@ -348,9 +348,7 @@ def finetune(config, workdir: str) -> dict[str, float]:
         state_shardings = TrainState(step=replicated, params=param_shardings, opt_state=opt_shardings)
         batch_sharding = sharding_lib.batch_sharding(mesh, rules)
         rows = sharding_lib.process_rows(batch_sharding, train.batch_size)
-        train_step = jax.jit(make_train_step(model, tx, schedule, rules),
-                             in_shardings=(state_shardings, batch_sharding, replicated),
-                             out_shardings=(state_shardings, replicated), donate_argnums=0)
+        train_step = jit_train_step(make_train_step(model, tx, schedule, rules), state_shardings, mesh, rules)
         eval_step = jax.jit(make_eval_step(model, rules), in_shardings=(param_shardings, batch_sharding),
                             out_shardings=replicated)
         batches = finetune_data.train_batches(len(train_labels), train.batch_size, train.seed)

@@ -297,9 +297,11 @@ def _log_attention_note(message: str) -> None:
 class SegmentMask:
     """Attention inside segments: a token attends exactly to the tokens with its own id (`ids`: [batch, length]).
 
-    Packed rows pass their instance ids (0 for padding, which forms a block of its own) this way rather than as a
-    [batch, 1, length, length] boolean mask, so that kernels with native segment ids (Pallas splash on TPU) can
-    take them; the other paths expand it with `_full_attention_mask`.
+    Packed rows pass their instance ids this way rather than as a [batch, 1, length, length] boolean mask, so that
+    kernels with native segment ids (Pallas splash on TPU) can take them; the other paths expand it to the
+    block-diagonal mask with `_full_attention_mask`. Padding (id 0) forms a block of its own, so a real token never
+    sees padding while no query row is fully masked (fused kernels may return NaN for one); padding outputs are
+    never read.
     """
 
     ids: jax.Array
@@ -342,7 +344,7 @@ def _cudnn_unsupported(query, attention_mask, training: bool) -> str | None:
 def _pallas_unsupported(query, attention_mask) -> str | None:
     if target_platform() != "tpu":
         return f"the Pallas splash-attention kernel needs a TPU; the backend is {target_platform()}"
-    if not isinstance(attention_mask, SegmentMask) and attention_mask.ndim != 2:
+    if not (isinstance(attention_mask, SegmentMask) or _is_padding_mask(attention_mask)):
         return ("the Pallas splash-attention kernel takes a padding mask ([batch, length]) or a SegmentMask (packed "
                 "rows) as segment ids, not a full [batch, ..., query, key] mask")
     if query.shape[1] % 128:
@@ -421,10 +423,9 @@ def _splash_attention(query, key, value, attention_mask, interpret: bool = False
                                         block_kv_dq=block)
         kernel = splash.make_splash_mha(mask, head_shards=1, q_seq_shards=1, block_sizes=block_sizes,
                                         interpret=interpret)
-        to_heads_first = lambda x: jnp.swapaxes(x, 1, 2)  # [b, t, h, d] -> [b, h, t, d]
-        context = jax.vmap(kernel)(to_heads_first(query * jnp.asarray(scale, query.dtype)), to_heads_first(key),
-                                   to_heads_first(value), segment_ids=splash.SegmentIds(segment_ids, segment_ids))
-        return to_heads_first(context)
+        context = jax.vmap(kernel)(_heads_first(query * jnp.asarray(scale, query.dtype)), _heads_first(key),
+                                   _heads_first(value), segment_ids=splash.SegmentIds(segment_ids, segment_ids))
+        return _heads_first(context)
 
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty:
@@ -441,9 +442,10 @@ def _splash_attention(query, key, value, attention_mask, interpret: bool = False
 def fused_attention(implementation: str, query, key, value, attention_mask):
     """Attention without dropout through jax.nn.dot_product_attention ("xla", "cudnn") or Pallas ("pallas").
 
-    `attention_mask` is [batch, key] (padding) or a full boolean [batch, 1 or heads, query, key] mask (e.g. the
-    block-diagonal mask of packed sequences). cuDNN takes a padding mask as key lengths, which assumes trailing
-    padding (BERT's input_mask always is), and a full mask as an additive bias.
+    `attention_mask` is [batch, key] (padding), a SegmentMask (packed rows: splash takes its ids as segment ids,
+    the others its block-diagonal mask) or a full boolean [batch, 1 or heads, query, key] mask. cuDNN takes a
+    padding mask as key lengths, which assumes trailing padding (BERT's input_mask always is), and a full mask as an
+    additive bias.
     """
     if implementation == "pallas":
         return _splash_attention(query, key, value, attention_mask)
@@ -466,7 +468,8 @@ class BertSelfAttention(nn.Module):
     """Multi-head self-attention with the padding (or any boolean) mask, followed by the output projection.
 
     `attention_mask` is [batch, length] (1 for real tokens), a SegmentMask (packed rows) or a full [batch, 1,
-    length, length] boolean mask. The path is config.attention resolved by `attention_implementation`; every path computes the softmax in float32.
+    length, length] boolean mask. The path is config.attention resolved by `attention_implementation`; every path
+    computes the softmax in float32.
     """
 
     config: BertConfig
@@ -610,16 +613,14 @@ def _encode(config: BertConfig, input_ids, input_mask, segment_ids, deterministi
 
     A function rather than a submodule so that the callers (pretraining, classification, features) all own the
     same top-level names. Returns (sequence_output, hidden_states, embeddings module); hidden_states holds the
-    embeddings output and every layer's output. `position_ids` (default 0..length-1) and `attention_mask` (default
-    input_mask; a SegmentMask of instance ids, or a full [batch, 1, length, length] mask) are given for packed rows.
+    embeddings output and every layer's output. Packed rows give `position_ids` (default 0..length-1) and
+    `attention_mask`, the SegmentMask of their instance ids (default: input_mask, a padding mask).
     """
     _, length = input_ids.shape
     if position_ids is None:
         position_ids = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32)[None, :], input_ids.shape)
     if attention_mask is None:
         attention_mask = input_mask.astype(bool)
-    elif not isinstance(attention_mask, SegmentMask):
-        attention_mask = attention_mask.astype(bool)
 
     embeddings = BertEmbeddings(config, name="embeddings")
     x = embeddings(input_ids, segment_ids, position_ids, deterministic)
@@ -640,15 +641,6 @@ def _pool(config: BertConfig, sequence_output, cls_positions=None):
     else:
         cls = jnp.take_along_axis(sequence_output, cls_positions[..., None].astype(jnp.int32), axis=1)
     return nn.tanh(_dense(config, config.hidden_size, ("embed", None), "pooler")(cls))
-
-
-def packed_attention_mask(instance_ids):
-    """The block-diagonal [batch, 1, length, length] mask of packed rows: a token attends only to its own instance.
-
-    Padding (instance id 0) forms a block of its own, so a real token never sees padding while no query row is
-    fully masked (fused kernels may return NaN for one); padding outputs are never read.
-    """
-    return (instance_ids[:, :, None] == instance_ids[:, None, :])[:, None, :, :]
 
 
 class BertForPreTraining(nn.Module):

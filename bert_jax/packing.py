@@ -3,8 +3,8 @@
 A packed row holds up to `max_instances_per_row` whole instances back to back, then padding. Each instance keeps
 its own [CLS] ... [SEP] tokens, segment ids and masked-LM predictions; per token the row says which instance it
 belongs to (`instance_ids`, 1..k, 0 for padding) and where it sits in that instance (`position_ids`, restarting
-at 0). The model turns `instance_ids` into a block-diagonal attention mask and reads one NSP prediction at each
-instance's [CLS] (`nsp_positions`), so every instance is computed exactly as it would be alone in a padded row.
+at 0). The model attends within each instance (`instance_ids` become segment ids: model.SegmentMask, a
+block-diagonal mask or the splash kernel's segments) and reads one NSP prediction at each instance's [CLS] (`nsp_positions`), so every instance is computed exactly as it would be alone in a padded row.
 
 The packer is first-fit decreasing over one window of instances (data.pack_window of them): instances go,
 longest first, into the first row with room for their tokens, their predictions and one more instance. It is
@@ -41,6 +41,7 @@ PACKED_FEATURES = ("input_ids", "input_mask", "segment_ids", "position_ids", "in
 _TOKEN_FEATURES = ("input_ids", "input_mask", "segment_ids", "position_ids", "instance_ids")
 _PREDICTION_FEATURES = ("masked_lm_positions", "masked_lm_ids", "masked_lm_weights")
 _INSTANCE_SLOT_FEATURES = ("nsp_positions", "next_sentence_labels", "nsp_weights")
+FLOAT_FEATURES = ("masked_lm_weights", "nsp_weights")  # the rest are int32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,8 +91,9 @@ def validate_config(data_config) -> None:
                          "max_instances_per_row)")
 
 
-def _widths(max_seq_length: int, max_instances_per_row: int, max_predictions_per_row: int) -> dict[str, int]:
-    """The last dimension of each packed feature."""
+def feature_widths(max_seq_length: int, options: PackingOptions) -> dict[str, int]:
+    """The last dimension of each packed feature (every one is [rows, width])."""
+    max_instances_per_row, max_predictions_per_row = options.max_instances_per_row, options.max_predictions_per_row
     return {**dict.fromkeys(_TOKEN_FEATURES, max_seq_length),
             **dict.fromkeys(_PREDICTION_FEATURES, max_predictions_per_row),
             **dict.fromkeys(_INSTANCE_SLOT_FEATURES, max_instances_per_row)}
@@ -244,7 +246,7 @@ def pack_dataset(dataset, *, batch_size: int, max_seq_length: int, options: Pack
     """
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
-    widths = _widths(max_seq_length, options.max_instances_per_row, options.max_predictions_per_row)
+    widths = feature_widths(max_seq_length, options)
 
     def pack(batch):
         packed = _pack_tensors(batch, max_instances_per_row=options.max_instances_per_row,

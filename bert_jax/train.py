@@ -198,6 +198,15 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation, schedule
     return train_step
 
 
+def jit_train_step(train_step, state_shardings, mesh, rules):
+    """`train_step(state, batch, rng) -> (state, metrics)` jitted as the training loop runs it: the state in its
+    shardings and donated (updated in place), the batch in the mesh's batch sharding, the RNG and metrics
+    replicated. Pretraining, fine-tuning, the benchmarks and ahead-of-time compilation all jit it this way."""
+    replicated = NamedSharding(mesh, PartitionSpec())
+    return jax.jit(train_step, in_shardings=(state_shardings, sharding_lib.batch_sharding(mesh, rules), replicated),
+                   out_shardings=(state_shardings, replicated), donate_argnums=0)
+
+
 def make_eval_step(model: nn.Module, rules):
     """Returns `eval_step(params, batch) -> sums` (no dropout); sums add up across batches."""
     def eval_step(params, batch):
@@ -423,10 +432,9 @@ def train_and_evaluate(config, workdir: str) -> dict[str, float]:
         logging.info("model: %s, %s parameters", run.model_config, f"{num_params:,}")
         batch_sharding = sharding_lib.batch_sharding(run.mesh, run.rules)
         replicated = NamedSharding(run.mesh, PartitionSpec())
-        train_step = jax.jit(make_train_step(run.model, run.tx, run.schedule, run.rules, run.mesh,
-                                             config.optim.grad_accum_steps),
-                             in_shardings=(state_shardings, batch_sharding, replicated),
-                             out_shardings=(state_shardings, replicated), donate_argnums=0)
+        train_step = jit_train_step(make_train_step(run.model, run.tx, run.schedule, run.rules, run.mesh,
+                                                    config.optim.grad_accum_steps), state_shardings, run.mesh,
+                                    run.rules)
         eval_step = jax.jit(make_eval_step(run.model, run.rules),
                             in_shardings=(state_shardings.params, batch_sharding), out_shardings=replicated)
         if int(state.step) >= train.num_steps:

@@ -10,7 +10,7 @@ The config is locked, so a misspelt override is an error rather than a silently 
 
 import ml_collections
 
-from configs.pretrain import MODEL_PRESETS, mesh_config
+from configs.pretrain import MODEL_PRESETS, mesh_config, model_config
 
 # task -> (TFDS name, text columns, train split, eval split); labels are the dataset's `label` ClassLabel.
 GLUE_TASKS = {
@@ -45,25 +45,13 @@ def _parse_arg(arg):
 
 def get_config(arg=None):
     options = _parse_arg(arg)
-    layers, hidden, heads = MODEL_PRESETS[options["size"]]
     config = ml_collections.ConfigDict()
 
-    # With a HuggingFace / original-TF config.init, the architecture is the checkpoint's (only model.dtype and the
-    # dropout rates below are taken from here); with a bert_jax checkpoint it must match these fields.
-    config.model = model = ml_collections.ConfigDict()
-    model.vocab_size = 30522  # word-embedding rows; must be >= the tokenizer's vocab size
-    model.hidden_size = hidden  # width of the residual stream
-    model.num_layers = layers  # number of encoder layers
-    model.num_heads = heads  # attention heads; must divide hidden_size
-    model.intermediate_size = 4 * hidden  # feed-forward width
-    model.hidden_act = "gelu_tanh"  # "gelu_tanh" (the original BERT code) or "gelu" (exact erf form)
-    model.max_position_embeddings = 512  # learned position table size; must be >= data.max_seq_length
-    model.type_vocab_size = 2  # segment (token type) ids
-    model.dropout_rate = 0.1  # hidden-state dropout, also applied to the pooled vector before the classifier
-    model.attention_dropout_rate = 0.1  # dropout on attention probabilities
-    model.initializer_range = 0.02  # stddev of the truncated-normal initialiser (also the classifier's)
-    model.layer_norm_eps = 1e-12  # as in the original BERT
-    model.dtype = "float32"  # compute dtype: "float32" or "bfloat16" (parameters always stay float32)
+    # The preset's architecture, as in configs/pretrain.py. With a HuggingFace / original-TF config.init, the
+    # architecture is the checkpoint's (only model.dtype and the dropout rates are taken from here; dropout_rate also
+    # applies to the pooled vector before the classifier, and initializer_range to the classifier's weights); with a
+    # bert_jax checkpoint it must match these fields.
+    config.model = model_config(options["size"])
 
     config.mesh = mesh_config()  # as in configs/pretrain.py
 

@@ -64,12 +64,10 @@ def mesh_config() -> ml_collections.ConfigDict:
     return mesh
 
 
-def get_config(arg=None):
-    options = _parse_arg(arg)
-    layers, hidden, heads = MODEL_PRESETS[options["size"]]
-    config = ml_collections.ConfigDict()
-
-    config.model = model = ml_collections.ConfigDict()
+def model_config(size: str) -> ml_collections.ConfigDict:
+    """The architecture of preset `size` (MODEL_PRESETS), shared by every recipe (configs/finetune.py too)."""
+    layers, hidden, heads = MODEL_PRESETS[size]
+    model = ml_collections.ConfigDict()
     # Word-embedding rows; must exceed every token id in the data. 30522 is the original BERT WordPiece vocab, so the
     # presets match HF's bert-base/large exactly. data.source=corpus replaces it with the trained tokenizer's size
     # padded to a multiple of 128. Training the original vocab from scratch: 30592 (padded to a multiple of 128)
@@ -90,6 +88,14 @@ def get_config(arg=None):
     # Compute dtype: "float32" or "bfloat16" (mixed precision: parameters, optimizer state, attention scores and
     # softmax, LayerNorm statistics and the losses stay float32; matmuls and activations run in bfloat16).
     model.dtype = "float32"
+    return model
+
+
+def get_config(arg=None):
+    options = _parse_arg(arg)
+    config = ml_collections.ConfigDict()
+
+    config.model = model = model_config(options["size"])
     # "auto" | "xla" | "cudnn" | "pallas" | "reference". auto: cuDNN flash attention on GPU (bfloat16), Pallas splash
     # attention on TPU, the reference einsum path on CPU (faster there than XLA's dot_product_attention); an
     # unsupported kernel falls back to "xla" (jax.nn.dot_product_attention), logging why.

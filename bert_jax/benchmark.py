@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bert_jax import cpu_gemm
 from bert_jax import metrics as metrics_lib
 from bert_jax import model as model_lib
 from bert_jax import optim
@@ -39,6 +40,8 @@ flags.DEFINE_integer("max_predictions", 0, "Masked positions per sequence; 0 mea
 flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Compute dtype (parameters stay float32).")
 flags.DEFINE_integer("steps", 10, "Timed steps; the median is reported.")
 flags.DEFINE_integer("warmup", 2, "Untimed steps after compilation (plus one untimed first execution).")
+flags.DEFINE_enum("matmul", "auto", ["auto", "xla", "blas"], "The preset's model.matmul: XLA's dots, the BLAS "
+                  "custom call (bert_jax.cpu_gemm, XLA:CPU float32) or auto (the BLAS call for the MLM decoder).")
 flags.DEFINE_integer("matmul_size", 0, "Square matmul size for the ceiling; 0 picks 2048 on CPU, 8192 elsewhere.")
 flags.DEFINE_boolean("compare_torch", None, "Also time HuggingFace BertForPreTraining (PyTorch). Default: on when "
                      "the platform is CPU and torch + transformers import, off otherwise.")
@@ -79,12 +82,14 @@ def peak_rss_bytes() -> int:
     return peak if sys.platform == "darwin" else peak * 1024
 
 
-def matmul_ceiling(size: int, dtype, repeats: int = 10) -> float:
-    """Measured FLOP/s of one square matmul on the first device: the practical ceiling for this dtype."""
+def matmul_ceiling(size: int, dtype, repeats: int = 10, product=None) -> float:
+    """Measured FLOP/s of one square matmul on the first device: the practical ceiling for this dtype.
+
+    `product`: the matmul to time (default XLA's `x @ y`; bert_jax.cpu_gemm.matmul for the BLAS custom call)."""
     keys = jax.random.split(jax.random.key(0))
     a = jax.random.normal(keys[0], (size, size), dtype)
     b = jax.random.normal(keys[1], (size, size), dtype)
-    matmul = jax.jit(lambda x, y: x @ y)
+    matmul = jax.jit(product or (lambda x, y: x @ y))
     matmul(a, b).block_until_ready()
     times = []
     for _ in range(repeats):
@@ -128,9 +133,11 @@ def synthetic_batch(batch_size: int, seq_length: int, max_predictions: int, voca
     }
 
 
-def _preset(size: str, seq_length: int, max_predictions: int, dtype: str, batch_size: int, num_steps: int):
+def _preset(size: str, seq_length: int, max_predictions: int, dtype: str, batch_size: int, num_steps: int,
+            matmul: str = "auto"):
     config = pretrain.get_config(f"size={size}")
     config.model.dtype = dtype
+    config.model.matmul = matmul
     config.data.max_seq_length = seq_length
     config.data.max_predictions_per_seq = max_predictions
     config.train.batch_size = batch_size
@@ -154,7 +161,7 @@ def _memory_stats(compiled, device) -> dict[str, float]:
 
 
 def benchmark_step(size: str, seq_length: int, batch_size: int, max_predictions: int, dtype: str, steps: int,
-                   warmup: int, devices=None) -> dict:
+                   warmup: int, devices=None, matmul: str = "auto") -> dict:
     """Compile time and median wall time of the real sharded train step (data parallel over `devices`, default all).
 
     Returns the timings, throughput, model FLOPs per step (model_flops_per_sequence * batch_size), the first and
@@ -164,7 +171,7 @@ def benchmark_step(size: str, seq_length: int, batch_size: int, max_predictions:
     if batch_size % len(devices):
         raise ValueError(f"--batch_size={batch_size} must be a multiple of the {len(devices)} devices "
                          "(the benchmark shards the batch over all of them)")
-    config = _preset(size, seq_length, max_predictions, dtype, batch_size, steps + warmup + 1)
+    config = _preset(size, seq_length, max_predictions, dtype, batch_size, steps + warmup + 1, matmul)
     model_config = model_lib.BertConfig.from_config(config.model)
     model = model_lib.BertForPreTraining(model_config)
     mesh = sharding_lib.create_mesh(config.mesh, devices)
@@ -328,7 +335,7 @@ def torch_table_row(result: dict) -> str:
 
 def run(sizes, seq_length: int, batch_size: int, max_predictions: int = 0, dtype: str = "float32", steps: int = 10,
         warmup: int = 2, matmul_size: int = 0, compare_torch: bool | None = None, threads: int = 0, devices=None,
-        print_fn: Callable[[str], None] = print) -> list[dict]:
+        print_fn: Callable[[str], None] = print, matmul: str = "auto") -> list[dict]:
     """Measures every preset in `sizes` and prints the tables; returns one result dict per preset.
 
     compare_torch=None means: on when the platform is CPU and torch + transformers import. threads (0: every core
@@ -353,6 +360,12 @@ def run(sizes, seq_length: int, batch_size: int, max_predictions: int = 0, dtype
     # Fake CPU devices share the host's cores (and one thread pool), so the host's ceiling is not multiplied.
     parallel = 1 if device.platform == "cpu" else len(devices)
     ceiling = matmul_ceiling(matmul_size, jnp.dtype(dtype)) * parallel
+    # Where the step may call the BLAS custom call, the ceiling is the faster of XLA's dot and the BLAS sgemm.
+    blas_ceiling = 0.0
+    if (device.platform == "cpu" and dtype_name == "float32" and matmul != "xla"
+            and cpu_gemm.unavailable_reason() is None):
+        blas_ceiling = matmul_ceiling(matmul_size, jnp.dtype(dtype), product=cpu_gemm.matmul)
+        xla_ceiling, ceiling = ceiling, max(ceiling, blas_ceiling)
     peak = metrics_lib.peak_flops_per_device(device) * len(devices)
     print_fn(f"devices: {len(devices)} x {device.device_kind} ({device.platform}), jax {jax.__version__}")
     if device.platform == "cpu":
@@ -360,14 +373,18 @@ def run(sizes, seq_length: int, batch_size: int, max_predictions: int = 0, dtype
                  + (f", torch {threads} (torch.set_num_threads)" if compare_torch else ""))
         print_fn(f"XLA_FLAGS: {os.environ.get('XLA_FLAGS', '')} (bert_jax.CPU_XLA_FLAGS adds the oneDNN dots)")
     print_fn(f"measured {dtype_name} matmul ceiling ({matmul_size}^3{f', x{parallel} devices' if parallel > 1 else ''}"
-             f"): {ceiling / 1e12:.3f} TFLOP/s; nominal bf16 peak: "
+             f"): {ceiling / 1e12:.3f} TFLOP/s"
+             + (f" (the faster of XLA's dot {xla_ceiling / 1e12:.3f} and the BLAS sgemm {blas_ceiling / 1e12:.3f})"
+                if blas_ceiling else "")
+             + f"; model.matmul={matmul}; nominal bf16 peak: "
              + (f"{peak / 1e12:.0f} TFLOP/s" if peak else "unknown for this device (MFU peak: n/a)"))
     print_fn(f"model FLOPs: 6*N*T + 12*L*d*T^2 + MLM head at {max_predictions} masked positions (+ pooler/NSP), "
              "N = encoder matmul parameters; MFU ceil = model FLOP/s / measured ceiling")
     print_fn(_row(STEP_COLUMNS, _widths(STEP_COLUMNS)))
     results = []
     for size in sizes:
-        result = benchmark_step(size, seq_length, batch_size, max_predictions, dtype_name, steps, warmup, devices)
+        result = benchmark_step(size, seq_length, batch_size, max_predictions, dtype_name, steps, warmup, devices,
+                                matmul)
         result["ceiling_flops_per_s"] = ceiling
         result["mfu_ceiling"] = result["model_flops_per_s"] / ceiling
         result["mfu_peak"] = result["model_flops_per_s"] / peak if peak else None
@@ -413,7 +430,7 @@ def main(argv):
         raise app.UsageError(str(error)) from error
     run(FLAGS.size, FLAGS.seq_length, FLAGS.batch_size, FLAGS.max_predictions, FLAGS.dtype, FLAGS.steps,
         FLAGS.warmup, FLAGS.matmul_size, FLAGS.compare_torch, FLAGS.threads, print_fn=lambda line: print(
-            line, flush=True))
+            line, flush=True), matmul=FLAGS.matmul)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bert_jax import cpu_gemm
+
 # Logical axis names used below. Parameters: "vocab", "embed", "heads", "mlp", "position", "segment", "classes";
 # "norm" marks small hidden-sized vectors (LayerNorm, biases on the residual stream) that are never worth sharding.
 # Activations: "batch", "length", "act_embed", "act_heads", "act_mlp".
@@ -30,6 +32,9 @@ COMPUTE_DTYPES = ("float32", "bfloat16")
 # "auto": the platform's fused kernel (cuDNN on GPU, Pallas splash on TPU), except in training with attention dropout,
 # which only "reference" implements; on CPU the plain einsum/softmax "reference" path, which XLA:CPU runs fastest.
 ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "cudnn", "pallas", "reference")
+# Matmuls: "xla" (XLA's dots), "blas" (bert_jax.cpu_gemm, a BLAS sgemm custom call: XLA:CPU, float32, one device)
+# or "auto" (blas for the MLM head's vocab-sized decoder where it can run, XLA's dots elsewhere).
+MATMUL_IMPLEMENTATIONS = ("auto", "xla", "blas")
 # What a rematerialised layer keeps for the backward pass: "matmuls" keeps the outputs of the weight matmuls
 # (no batch dimensions) and recomputes the rest, including the [batch, heads, length, length] attention scores;
 # "full" keeps only the layer's input.
@@ -62,6 +67,7 @@ class BertConfig:
     attention: str = "auto"
     remat: str = "none"  # "none" | "matmuls" | "full": activation rematerialisation of each encoder layer
     scan_layers: bool = False  # one nn.scan over the layers: parameters under "layers" with a leading layer axis
+    matmul: str = "auto"  # one of MATMUL_IMPLEMENTATIONS; see matmul_implementation
 
     @classmethod
     def from_config(cls, model_config) -> "BertConfig":
@@ -100,6 +106,12 @@ class BertConfig:
             fail("remat", f"choose one of {tuple(REMAT_POLICIES)}")
         if not isinstance(self.scan_layers, bool):
             fail("scan_layers", "must be True or False")
+        if self.matmul not in MATMUL_IMPLEMENTATIONS:
+            fail("matmul", f"choose one of {MATMUL_IMPLEMENTATIONS}")
+        if self.matmul == "blas" and self.remat == "matmuls":
+            fail("matmul", "the remat policy 'matmuls' saves XLA dots, which 'blas' replaces (it would save "
+                           "nothing). Fix: --config.model.matmul=auto (XLA's dots under this policy) or "
+                           "--config.model.remat=full")
         return self
 
     @property
@@ -141,7 +153,8 @@ def _dense(config: BertConfig, features: int, names, name: str) -> nn.Dense:
     # Dense + reshape rather than DenseGeneral: DenseGeneral with multi-dimensional features and logical partitioning
     # fails under jax.set_mesh on this stack.
     return nn.Dense(features, dtype=config.compute_dtype, param_dtype=jnp.float32,
-                    kernel_init=_kernel_init(config, names), bias_init=_zeros(names[-1:]), name=name)
+                    kernel_init=_kernel_init(config, names), bias_init=_zeros(names[-1:]),
+                    dot_general=_dot_general(config), name=name)
 
 
 def _layer_norm(config: BertConfig, name: str) -> nn.LayerNorm:
@@ -263,6 +276,8 @@ class BertEmbeddings(nn.Module):
 
     def attend(self, hidden):
         """Logits over the vocabulary with the word-embedding matrix as the (tied) decoder."""
+        if matmul_implementation(self.config, decoder=True) == "blas":
+            return cpu_gemm.dot_general(hidden, self.word_embeddings.embedding, (((hidden.ndim - 1,), (1,)), ((), ())))
         return self.word_embeddings.attend(hidden)
 
 
@@ -286,11 +301,51 @@ def compiling_for(platform: str):
         _TARGET_PLATFORM.pop()
 
 
-def _log_attention_note(message: str) -> None:
+def _log_attention_note(message: str, topic: str = "attention") -> None:
     # Traced once per compilation, and every layer traces this: log each distinct note once per process.
-    if message not in _LOGGED_ATTENTION_NOTES:
-        _LOGGED_ATTENTION_NOTES.add(message)
-        logging.info("attention: %s", message)
+    if (topic, message) not in _LOGGED_ATTENTION_NOTES:
+        _LOGGED_ATTENTION_NOTES.add((topic, message))
+        logging.info("%s: %s", topic, message)
+
+
+def _blas_unsupported(config: BertConfig, decoder: bool) -> str | None:
+    if target_platform() != "cpu":
+        return f"the BLAS matmul runs on XLA:CPU only, and the model is traced for {target_platform()}"
+    if config.dtype != "float32":
+        return f"the BLAS matmul multiplies float32 only, not model.dtype={config.dtype!r}"
+    if config.remat == "matmuls" and not decoder:
+        return "the remat policy 'matmuls' saves XLA's dots, which the BLAS matmul would replace"
+    mesh = jax.sharding.get_abstract_mesh()
+    if not mesh.empty and mesh.size > 1:
+        return f"the BLAS matmul runs on one device, and the mesh has {mesh.size}"
+    return cpu_gemm.unavailable_reason()
+
+
+def matmul_implementation(config: BertConfig, decoder: bool = False) -> str:
+    """"blas" or "xla" for this trace: config.matmul resolved for the encoder's matmuls or (`decoder`) the MLM
+    head's vocab-sized decoder.
+
+    "blas" (bert_jax.cpu_gemm's sgemm custom call) needs XLA:CPU, float32, a mesh of one device (or none), no remat
+    policy "matmuls" in the encoder, and a custom call that could be built; naming "blas" where it cannot run raises a
+    ValueError that says why. "auto" takes it for the decoder only, where it can run: XLA:CPU's oneDNN dots ran
+    [160, 768] x [768, 30522] at about half the BLAS rate, but the encoder's shapes as fast as the BLAS.
+    """
+    if config.matmul == "xla" or (config.matmul == "auto" and not decoder):
+        return "xla"
+    reason = _blas_unsupported(config, decoder)
+    if reason is None:
+        return "blas"
+    if config.matmul == "blas":
+        raise ValueError(f"--config.model.matmul='blas' cannot run here: {reason}. Fix: --config.model.matmul=auto "
+                         "(XLA's dots wherever the BLAS matmul cannot run) or xla")
+    if target_platform() == "cpu":
+        _log_attention_note(f"model.matmul='auto': XLA's dots for the MLM decoder because {reason}", topic="matmul")
+    return "xla"
+
+
+def _dot_general(config: BertConfig):
+    """The dot_general for the model's Dense layers: the BLAS matmul's, or None (flax's default, lax.dot_general)."""
+    return cpu_gemm.dot_general if matmul_implementation(config) == "blas" else None
 
 
 @flax.struct.dataclass
@@ -385,14 +440,20 @@ def _heads_first(x):
     return jnp.swapaxes(x, 1, 2)
 
 
-def reference_attention_probs(query, key, attention_mask, head_dim: int):
-    """softmax(q k^T / sqrt(d)) in float32 with masked keys at exactly zero probability ([batch, heads, q, k])."""
+def reference_attention_probs(query, key, attention_mask, head_dim: int, blas: bool = False):
+    """softmax(q k^T / sqrt(d)) in float32 with masked keys at exactly zero probability ([batch, heads, q, k]).
+
+    `blas`: the scores through bert_jax.cpu_gemm's batched matmul (float32 operands) instead of XLA's einsum.
+    """
     # Scores accumulate and stay in float32 whatever the compute dtype: rounding them to bfloat16 before the
     # softmax would cost precision for nothing.
     # Heads-first operands ([b, h, t, d]): on XLA:CPU this batched layout made the attention core's forward and
     # backward with dropout about a third faster than contracting the [b, t, h, d] projections directly.
-    scores = jnp.einsum("bhqd,bhkd->bhqk", _heads_first(query), _heads_first(key),
-                        preferred_element_type=jnp.float32)
+    if blas:
+        scores = cpu_gemm.matmul(_heads_first(query), _heads_first(key), False, True)
+    else:
+        scores = jnp.einsum("bhqd,bhkd->bhqk", _heads_first(query), _heads_first(key),
+                            preferred_element_type=jnp.float32)
     scores = scores / jnp.sqrt(jnp.float32(head_dim))
     scores = jnp.where(_full_attention_mask(attention_mask), scores, jnp.finfo(jnp.float32).min)
     return jax.nn.softmax(scores, axis=-1)
@@ -487,17 +548,21 @@ class BertSelfAttention(nn.Module):
         query, key, value = project("query"), project("key"), project("value")
         implementation = attention_implementation(config, query, attention_mask, deterministic)
         if implementation == "reference":
-            probs = reference_attention_probs(query, key, attention_mask, config.head_dim)
+            blas = matmul_implementation(config) == "blas"
+            probs = reference_attention_probs(query, key, attention_mask, config.head_dim, blas=blas)
             probs = probs.astype(config.compute_dtype)
             probs = Dropout(config.attention_dropout_rate)(probs, deterministic=deterministic)
-            context = _heads_first(jnp.einsum("bhqk,bhkd->bhqd", probs, _heads_first(value)))
+            if blas:
+                context = _heads_first(cpu_gemm.matmul(probs, _heads_first(value)))
+            else:
+                context = _heads_first(jnp.einsum("bhqk,bhkd->bhqd", probs, _heads_first(value)))
         else:
             context = fused_attention(implementation, query, key, value, attention_mask)
         context = _constrain(context, ("batch", "length", "act_heads", None))
         context = context.reshape(batch, length, config.hidden_size)
         return nn.Dense(config.hidden_size, dtype=config.compute_dtype, param_dtype=jnp.float32,
                         kernel_init=_kernel_init(config, ("heads", "embed")), bias_init=_zeros(("norm",)),
-                        name="output")(context)
+                        dot_general=_dot_general(config), name="output")(context)
 
 
 class BertLayer(nn.Module):
@@ -517,7 +582,7 @@ class BertLayer(nn.Module):
         hidden = _constrain(_activation(config, hidden), ("batch", "length", "act_mlp"))
         hidden = nn.Dense(config.hidden_size, dtype=config.compute_dtype, param_dtype=jnp.float32,
                           kernel_init=_kernel_init(config, ("mlp", "embed")), bias_init=_zeros(("norm",)),
-                          name="output")(hidden)
+                          dot_general=_dot_general(config), name="output")(hidden)
         hidden = Dropout(config.dropout_rate)(hidden, deterministic=deterministic)
         x = _layer_norm(config, "output_layer_norm")(x + hidden)
         return _constrain(x, ("batch", "length", "act_embed"))

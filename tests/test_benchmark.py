@@ -44,6 +44,10 @@ def test_run_reports_jax_and_torch_steps_with_consistent_flops():
         assert column in torch_header
     assert "peak GiB: process peak RSS" in text and "matmul ceiling" in text and "CPU threads" in text
     assert "XLA_FLAGS: " in text and "--xla_cpu_use_onednn=true" in text
+    # fp32 on CPU: the ceiling is the faster of XLA's dot and the BLAS custom call, both printed.
+    ceiling_line = next(line for line in lines if "matmul ceiling" in line)
+    assert "the faster of XLA's dot" in ceiling_line and "BLAS sgemm" in ceiling_line
+    assert "model.matmul=auto" in ceiling_line
     step_row = lines[lines.index(step_header) + 1]
     assert step_row.split()[:4] == ["tiny", "32", "4", "float32"]
     assert len(step_row.split()) == len(benchmark.STEP_COLUMNS)

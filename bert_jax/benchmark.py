@@ -359,13 +359,13 @@ def run(sizes, seq_length: int, batch_size: int, max_predictions: int = 0, dtype
     matmul_size = matmul_size or (2048 if device.platform == "cpu" else 8192)
     # Fake CPU devices share the host's cores (and one thread pool), so the host's ceiling is not multiplied.
     parallel = 1 if device.platform == "cpu" else len(devices)
-    ceiling = matmul_ceiling(matmul_size, jnp.dtype(dtype)) * parallel
+    xla_ceiling = matmul_ceiling(matmul_size, jnp.dtype(dtype)) * parallel
     # Where the step may call the BLAS custom call, the ceiling is the faster of XLA's dot and the BLAS sgemm.
     blas_ceiling = 0.0
     if (device.platform == "cpu" and dtype_name == "float32" and matmul != "xla"
             and cpu_gemm.unavailable_reason() is None):
         blas_ceiling = matmul_ceiling(matmul_size, jnp.dtype(dtype), product=cpu_gemm.matmul)
-        xla_ceiling, ceiling = ceiling, max(ceiling, blas_ceiling)
+    ceiling = max(xla_ceiling, blas_ceiling)
     peak = metrics_lib.peak_flops_per_device(device) * len(devices)
     print_fn(f"devices: {len(devices)} x {device.device_kind} ({device.platform}), jax {jax.__version__}")
     if device.platform == "cpu":

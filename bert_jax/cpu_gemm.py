@@ -39,7 +39,7 @@ TARGET_NAME = "bert_jax_sgemm"
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc", "cpu_gemm.cc")
 
 _LOCK = threading.Lock()
-_STATE: dict = {}  # "error": why it is unavailable (None when loaded), "tiled": whether calls use XLA's threads
+_STATE: dict = {}  # "error": why it is unavailable (None once loaded); "library": the loaded handle
 
 
 def cache_dir() -> str:
@@ -104,7 +104,9 @@ def _load() -> None:
     library = ctypes.CDLL(_build(compiler))
     library.bert_jax_set_sgemm.restype = ctypes.c_int
     library.bert_jax_set_sgemm.argtypes = [ctypes.c_void_p]
-    _STATE["tiled"] = bool(library.bert_jax_set_sgemm(address))
+    if not library.bert_jax_set_sgemm(address):
+        logging.warning("bert_jax.cpu_gemm: the BLAS has no openblas_set_num_threads_local, so each call runs on "
+                        "the calling thread with the BLAS's own threading rather than tiled over XLA's threads")
     jax.ffi.register_ffi_target(TARGET_NAME, jax.ffi.pycapsule(library.BertJaxSgemm), platform="cpu")
     _STATE["library"] = library  # keeps the handle (and the registered function) alive
 
@@ -120,10 +122,6 @@ def unavailable_reason() -> str | None:
                 _STATE["error"] = str(error)
                 logging.warning("bert_jax.cpu_gemm unavailable, XLA's dots are used instead: %s", error)
         return _STATE["error"]
-
-
-def available() -> bool:
-    return unavailable_reason() is None
 
 
 def _gemm(a, b, trans_a: bool, trans_b: bool):

@@ -281,7 +281,7 @@ class BertEmbeddings(nn.Module):
         return self.word_embeddings.attend(hidden)
 
 
-_LOGGED_ATTENTION_NOTES = set()
+_LOGGED_NOTES = set()
 _TARGET_PLATFORM = []  # a stack; see compiling_for
 
 
@@ -301,20 +301,18 @@ def compiling_for(platform: str):
         _TARGET_PLATFORM.pop()
 
 
-def _log_attention_note(message: str, topic: str = "attention") -> None:
+def _log_note(topic: str, message: str) -> None:
     # Traced once per compilation, and every layer traces this: log each distinct note once per process.
-    if (topic, message) not in _LOGGED_ATTENTION_NOTES:
-        _LOGGED_ATTENTION_NOTES.add((topic, message))
+    if (topic, message) not in _LOGGED_NOTES:
+        _LOGGED_NOTES.add((topic, message))
         logging.info("%s: %s", topic, message)
 
 
-def _blas_unsupported(config: BertConfig, decoder: bool) -> str | None:
+def _blas_unsupported(config: BertConfig) -> str | None:
     if target_platform() != "cpu":
         return f"the BLAS matmul runs on XLA:CPU only, and the model is traced for {target_platform()}"
     if config.dtype != "float32":
         return f"the BLAS matmul multiplies float32 only, not model.dtype={config.dtype!r}"
-    if config.remat == "matmuls" and not decoder:
-        return "the remat policy 'matmuls' saves XLA's dots, which the BLAS matmul would replace"
     mesh = jax.sharding.get_abstract_mesh()
     if not mesh.empty and mesh.size > 1:
         return f"the BLAS matmul runs on one device, and the mesh has {mesh.size}"
@@ -325,21 +323,21 @@ def matmul_implementation(config: BertConfig, decoder: bool = False) -> str:
     """"blas" or "xla" for this trace: config.matmul resolved for the encoder's matmuls or (`decoder`) the MLM
     head's vocab-sized decoder.
 
-    "blas" (bert_jax.cpu_gemm's sgemm custom call) needs XLA:CPU, float32, a mesh of one device (or none), no remat
-    policy "matmuls" in the encoder, and a custom call that could be built; naming "blas" where it cannot run raises a
-    ValueError that says why. "auto" takes it for the decoder only, where it can run: XLA:CPU's oneDNN dots ran
+    "blas" (bert_jax.cpu_gemm's sgemm custom call) needs XLA:CPU, float32, a mesh of one device (or none) and a
+    custom call that could be built; naming "blas" where it cannot run raises a ValueError that says why (and
+    BertConfig.validate refuses it with remat="matmuls"). "auto" takes it for the decoder only, where it can run: XLA:CPU's oneDNN dots ran
     [160, 768] x [768, 30522] at about half the BLAS rate, but the encoder's shapes as fast as the BLAS.
     """
     if config.matmul == "xla" or (config.matmul == "auto" and not decoder):
         return "xla"
-    reason = _blas_unsupported(config, decoder)
+    reason = _blas_unsupported(config)
     if reason is None:
         return "blas"
     if config.matmul == "blas":
         raise ValueError(f"--config.model.matmul='blas' cannot run here: {reason}. Fix: --config.model.matmul=auto "
                          "(XLA's dots wherever the BLAS matmul cannot run) or xla")
     if target_platform() == "cpu":
-        _log_attention_note(f"model.matmul='auto': XLA's dots for the MLM decoder because {reason}", topic="matmul")
+        _log_note("matmul", f"model.matmul='auto': XLA's dots for the MLM decoder because {reason}")
     return "xla"
 
 
@@ -430,7 +428,7 @@ def attention_implementation(config: BertConfig, query, attention_mask, determin
     reason = (_cudnn_unsupported(query, attention_mask, not deterministic) if wanted == "cudnn"
               else _pallas_unsupported(query, attention_mask))
     if reason is not None:
-        _log_attention_note(f"model.attention={config.attention!r}: using 'xla' because {reason}")
+        _log_note("attention", f"model.attention={config.attention!r}: using 'xla' because {reason}")
         return "xla"
     return wanted
 
@@ -520,7 +518,7 @@ def fused_attention(implementation: str, query, key, value, attention_mask):
             return jax.nn.dot_product_attention(query, key, value, mask=_full_attention_mask(attention_mask),
                                                 implementation="cudnn")
         except (NotImplementedError, ValueError, RuntimeError) as error:  # cuDNN's own checks, at trace time
-            _log_attention_note(f"cuDNN flash attention refused this call ({error}); using 'xla'")
+            _log_note("attention", f"cuDNN flash attention refused this call ({error}); using 'xla'")
     return jax.nn.dot_product_attention(query, key, value, mask=_full_attention_mask(attention_mask),
                                         implementation="xla")
 

@@ -2,6 +2,14 @@
 
 import os
 
+import jax
+import numpy as np
+
+from bert_jax import input_pipeline
+from bert_jax import model as model_lib
+from bert_jax import optim
+from bert_jax import sharding as sharding_lib
+from bert_jax import train
 from configs import pretrain
 
 TINY_VOCAB = 512  # divisible by every tensor-axis size tested, so the vocab dimension really is sharded
@@ -27,3 +35,28 @@ def tiny_config(mesh_shape=(1, 1, 1), dropout=False, vocab_size=TINY_VOCAB, **tr
     for key, value in train_overrides.items():
         config.train[key] = value
     return config
+
+
+def train_steps(config, devices, steps):
+    """`steps` jitted train steps of `config` on one synthetic batch (seed 3) over `devices`.
+
+    Returns the losses, the final train state and the step's StableHLO text (what the model traced into)."""
+    mesh = sharding_lib.create_mesh(config.mesh, devices)
+    rules = sharding_lib.logical_rules(config.mesh)
+    model = model_lib.BertForPreTraining(model_lib.BertConfig.from_config(config.model))
+    tx, schedule = optim.create_optimizer(config.optim, config.train.num_steps)
+    batch = next(input_pipeline.synthetic_batches(
+        batch_size=config.train.batch_size, max_seq_length=config.data.max_seq_length,
+        max_predictions_per_seq=config.data.max_predictions_per_seq, vocab_size=config.model.vocab_size, seed=3))
+    losses = []
+    with jax.set_mesh(mesh):
+        state, shardings = train.create_train_state(model, tx, mesh, rules, jax.random.key(0),
+                                                    config.data.max_seq_length, config.data.max_predictions_per_seq)
+        step = train.jit_train_step(train.make_train_step(model, tx, schedule, rules, mesh), shardings, mesh, rules)
+        global_batch = sharding_lib.make_global_batch(batch, sharding_lib.batch_sharding(mesh, rules))
+        lowered = step.lower(state, global_batch, jax.random.key(1))
+        compiled = lowered.compile()
+        for _ in range(steps):
+            state, metrics = compiled(state, global_batch, jax.random.key(1))
+            losses.append(float(metrics["loss"]))
+    return np.asarray(losses), state, lowered.as_text()

@@ -12,7 +12,6 @@ import pytest
 
 from bert_jax import cpu_gemm
 from bert_jax import model as model_lib
-from bert_jax import input_pipeline, optim, sharding as sharding_lib, train
 from tests import helpers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -95,25 +94,9 @@ def _tiny(matmul, **overrides):
 
 
 def _step_program(config, devices):
-    """The jitted train step's HLO text and (loss, gradients-after-one-step) on `devices`."""
-    mesh = sharding_lib.create_mesh(config.mesh, devices)
-    rules = sharding_lib.logical_rules(config.mesh)
-    model = model_lib.BertForPreTraining(model_lib.BertConfig.from_config(config.model))
-    tx, schedule = optim.create_optimizer(config.optim, config.train.num_steps)
-    batch = next(input_pipeline.synthetic_batches(
-        batch_size=config.train.batch_size, max_seq_length=config.data.max_seq_length,
-        max_predictions_per_seq=config.data.max_predictions_per_seq, vocab_size=config.model.vocab_size, seed=3))
-    with jax.set_mesh(mesh):
-        state, shardings = train.create_train_state(model, tx, mesh, rules, jax.random.key(0),
-                                                    config.data.max_seq_length, config.data.max_predictions_per_seq)
-        step = train.jit_train_step(train.make_train_step(model, tx, schedule, rules, mesh), shardings, mesh, rules)
-        global_batch = sharding_lib.make_global_batch(batch, sharding_lib.batch_sharding(mesh, rules))
-        hlo = step.lower(state, global_batch, jax.random.key(1)).as_text()
-        losses = []
-        for _ in range(3):
-            state, metrics = step(state, global_batch, jax.random.key(1))
-            losses.append(float(metrics["loss"]))
-    return hlo, np.asarray(losses), jax.device_get(state.params)
+    """The train step's StableHLO text, and the losses and parameters of three steps on `devices`."""
+    losses, state, hlo = helpers.train_steps(config, devices, 3)
+    return hlo, losses, jax.device_get(state.params)
 
 
 def test_model_blas_matches_xla_and_auto_takes_it_for_the_decoder_only():
@@ -187,9 +170,13 @@ except ValueError as error:
 def test_build_is_cached_and_atomic(tmp_path):
     script = "from bert_jax import cpu_gemm; print('REASON', cpu_gemm.unavailable_reason())"
     env = dict(os.environ, BERT_JAX_CACHE_DIR=str(tmp_path), JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+    first = None
     for _ in range(2):
         result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=ROOT,
                                 timeout=300, check=True)
         assert "REASON None" in result.stdout
-    built = sorted(path.name for path in tmp_path.rglob("*") if path.is_file())
-    assert built == ["libbert_jax_cpu_gemm.so"]  # one library, no leftover partial files
+        built = [path for path in tmp_path.rglob("*") if path.is_file()]
+        assert [path.name for path in built] == ["libbert_jax_cpu_gemm.so"]  # no leftover partial files
+        identity = [(path.stat().st_ino, path.stat().st_mtime_ns) for path in built]
+        first = first or identity
+    assert identity == first  # the second process loaded the first one's library, not a rebuilt one

@@ -14,11 +14,8 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
 from bert_jax import export
-from bert_jax import input_pipeline
 from bert_jax import model as model_lib
 from bert_jax import optim
-from bert_jax import sharding as sharding_lib
-from bert_jax import train
 from tests import helpers
 
 BATCH, LENGTH = 3, 16
@@ -84,23 +81,8 @@ def _assert_trees_close(actual, expected, atol, rtol=0.0):
 def _train_losses(dtype, steps=6):
     config = helpers.tiny_config()
     config.model.dtype = dtype
-    mesh = sharding_lib.create_mesh(config.mesh, jax.devices()[:1])
-    rules = sharding_lib.logical_rules(config.mesh)
-    model = model_lib.BertForPreTraining(model_lib.BertConfig.from_config(config.model))
-    tx, schedule = optim.create_optimizer(config.optim, config.train.num_steps)
-    batch = next(input_pipeline.synthetic_batches(
-        batch_size=config.train.batch_size, max_seq_length=config.data.max_seq_length,
-        max_predictions_per_seq=config.data.max_predictions_per_seq, vocab_size=config.model.vocab_size, seed=3))
-    losses = []
-    with jax.set_mesh(mesh):
-        state, shardings = train.create_train_state(model, tx, mesh, rules, jax.random.key(0),
-                                                    config.data.max_seq_length, config.data.max_predictions_per_seq)
-        step = train.jit_train_step(train.make_train_step(model, tx, schedule, rules, mesh), shardings, mesh, rules)
-        global_batch = sharding_lib.make_global_batch(batch, sharding_lib.batch_sharding(mesh, rules))
-        for _ in range(steps):
-            state, metrics = step(state, global_batch, jax.random.key(1))
-            losses.append(float(metrics["loss"]))
-    return np.asarray(losses), state
+    losses, state, _ = helpers.train_steps(config, jax.devices()[:1], steps)
+    return losses, state
 
 
 def test_bfloat16_training_tracks_float32():
@@ -242,7 +224,7 @@ def test_attention_auto_picks_reference_only_for_dropout_and_falls_back_with_a_r
     assert choose(auto, query, padding, deterministic=True) == "reference"
     assert choose(_config(), query, padding, deterministic=False) == "reference"
     assert choose(_config(attention="xla"), query, padding, deterministic=False) == "xla"
-    model_lib._LOGGED_ATTENTION_NOTES.clear()  # pylint: disable=protected-access
+    model_lib._LOGGED_NOTES.clear()  # pylint: disable=protected-access
     with caplog.at_level(logging.INFO):
         assert choose(_config(attention="cudnn"), query, padding, deterministic=True) == "xla"
         assert choose(_config(attention="pallas"), query, padding, deterministic=True) == "xla"

@@ -36,7 +36,7 @@ struct Job {
   int m, n, k;
   bool trans_a, trans_b;
   int tiles;
-  bool split_rows;  // batch == 1: split C's rows (else its columns); batch > 1: split the batch
+  bool split_rows = false;  // batch == 1: split C's rows (else its columns); batch > 1: split the batch
   std::atomic<int> next{0};
   std::atomic<int> done{0};
   std::mutex mutex;

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bert_jax import cpu_gemm
+from bert_jax import host_malloc
 from bert_jax import metrics as metrics_lib
 from bert_jax import model as model_lib
 from bert_jax import optim
@@ -372,6 +373,9 @@ def run(sizes, seq_length: int, batch_size: int, max_predictions: int = 0, dtype
         print_fn(f"CPU threads: JAX/XLA {cores} (its pool is sized by the cores this process may run on)"
                  + (f", torch {threads} (torch.set_num_threads)" if compare_torch else ""))
         print_fn(f"XLA_FLAGS: {os.environ.get('XLA_FLAGS', '')} (bert_jax.CPU_XLA_FLAGS adds the oneDNN dots)")
+        applied, why = host_malloc.state
+        print_fn(f"host malloc ({host_malloc.ENV_VAR}): {'tuned' if applied else 'system'}, {why}; "
+                 "it holds for torch too, which runs in this process")
     print_fn(f"measured {dtype_name} matmul ceiling ({matmul_size}^3{f', x{parallel} devices' if parallel > 1 else ''}"
              f"): {ceiling / 1e12:.3f} TFLOP/s"
              + (f" (the faster of XLA's dot {xla_ceiling / 1e12:.3f} and the BLAS sgemm {blas_ceiling / 1e12:.3f})"

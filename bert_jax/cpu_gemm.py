@@ -1,9 +1,9 @@
 """fp32 matrix multiplies on XLA:CPU through a BLAS sgemm (an XLA FFI custom call), with their own gradients.
 
-XLA:CPU's own dots (Eigen, or oneDNN with `--xla_cpu_use_onednn`) reach the BLAS rate on square matrices but fall
-well short of it on some of BERT's shapes (the [tokens, 768] x [768, 768] projections and the transposed operands
-of the backward pass among them). This module routes those matmuls to the sgemm of the OpenBLAS that SciPy (a
-dependency of JAX) ships, through a small C++ custom call, bert_jax/csrc/cpu_gemm.cc:
+XLA:CPU's own dots (oneDNN, as bert_jax configures them) ran the encoder's shapes at the BLAS rate on the 2-core
+benchmark machine, but the MLM head's vocab-sized decoder ([160, 768] x [768, 30522] and its gradients) at about half
+of it. This module routes matmuls to the sgemm of the OpenBLAS that SciPy (a dependency of JAX) ships, through a
+small C++ custom call, bert_jax/csrc/cpu_gemm.cc (model.matmul chooses which matmuls):
 
 - It is compiled on first use with the machine's C++ compiler (`$CXX`, else `c++`) against the XLA FFI headers that
   jaxlib ships, into a cache directory ($BERT_JAX_CACHE_DIR, else $XDG_CACHE_HOME/bert_jax, else ~/.cache/bert_jax),

@@ -3,7 +3,7 @@
 XLA:CPU allocates every step's temporaries (about 1.1 GB for the base preset at batch 8, seq 128) as one block from
 a worker thread, and frees it when the step ends. glibc serves a block that large from a thread's own arena with
 mmap, whatever M_MMAP_MAX says, and returns it with munmap, so the kernel hands the next step fresh zeroed pages:
-about 300,000 page faults and 0.5-0.75 s of system time a step on the project's 2-core benchmark machine. With one
+about 300,000 page faults and 0.45-0.76 s of system time a step on the project's 2-core benchmark machine. With one
 arena (M_ARENA_MAX=1), no mmap for large blocks (M_MMAP_MAX=0) and no trimming of the heap's top, the second step on
 reuses the same pages: the faults fall to near zero and the base step got 0.3 s faster there.
 

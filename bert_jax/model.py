@@ -325,8 +325,9 @@ def matmul_implementation(config: BertConfig, decoder: bool = False) -> str:
 
     "blas" (bert_jax.cpu_gemm's sgemm custom call) needs XLA:CPU, float32, a mesh of one device (or none) and a
     custom call that could be built; naming "blas" where it cannot run raises a ValueError that says why (and
-    BertConfig.validate refuses it with remat="matmuls"). "auto" takes it for the decoder only, where it can run: XLA:CPU's oneDNN dots ran
-    [160, 768] x [768, 30522] at about half the BLAS rate, but the encoder's shapes as fast as the BLAS.
+    BertConfig.validate refuses it with remat="matmuls"). "auto" takes it for the decoder only, where it can run:
+    XLA:CPU's oneDNN dots ran [160, 768] x [768, 30522] at about half the BLAS rate, but the encoder's shapes as
+    fast as the BLAS.
     """
     if config.matmul == "xla" or (config.matmul == "auto" and not decoder):
         return "xla"

@@ -4,7 +4,8 @@ A packed row holds up to `max_instances_per_row` whole instances back to back, t
 its own [CLS] ... [SEP] tokens, segment ids and masked-LM predictions; per token the row says which instance it
 belongs to (`instance_ids`, 1..k, 0 for padding) and where it sits in that instance (`position_ids`, restarting
 at 0). The model attends within each instance (`instance_ids` become segment ids: model.SegmentMask, a
-block-diagonal mask or the splash kernel's segments) and reads one NSP prediction at each instance's [CLS] (`nsp_positions`), so every instance is computed exactly as it would be alone in a padded row.
+block-diagonal mask or the splash kernel's segments) and reads one NSP prediction at each instance's [CLS]
+(`nsp_positions`), so every instance is computed exactly as it would be alone in a padded row.
 
 The packer is first-fit decreasing over one window of instances (data.pack_window of them): instances go,
 longest first, into the first row with room for their tokens, their predictions and one more instance. It is

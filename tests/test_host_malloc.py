@@ -11,9 +11,9 @@ from bert_jax import host_malloc
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# A jitted step whose 64 MiB temporaries (the 64 MiB operand of a matrix-vector product) XLA:CPU allocates from a worker thread and frees
-# on every call, as it does a train step's. Prints whether the settings were applied, then minor page faults per
-# page of the array for each of 20 calls.
+# A jitted step with a 64 MiB temporary (the operand of a matrix-vector product) that XLA:CPU allocates from a worker
+# thread and frees on every call, as it does a train step's temporaries. Prints whether the settings were applied,
+# then the minor page faults per page of that array for each of 20 calls.
 _FAULTS = textwrap.dedent("""
     import resource
     import bert_jax

@@ -130,14 +130,43 @@ def test_schedule_warms_up_then_decays(decay, power, midpoint):
     assert float(schedule(110)) == pytest.approx(0.0, abs=1e-12)
 
 
-def test_clipping_bounds_the_update():
+@pytest.mark.parametrize("scale", [100.0, 0.01])
+def test_clipping_matches_optax(scale):
+    """optim.clip_by_global_norm: optax's clip (exactly when under the bound, to rounding when over) and its state."""
+    rng = np.random.default_rng(0)
+    grads = {"w": rng.normal(size=(4, 4)).astype(np.float32) * scale, "b": np.full((3,), scale, np.float32)}
+    ours, state = optim.clip_by_global_norm(1.0).update(grads, optim.clip_by_global_norm(1.0).init(grads))
+    theirs, their_state = optax.clip_by_global_norm(1.0).update(grads, optax.clip_by_global_norm(1.0).init(grads))
+    assert state == their_state
+    for name in grads:
+        if scale < 1:  # norm < 1: nothing is clipped, and nothing changes
+            np.testing.assert_array_equal(np.asarray(ours[name]), grads[name])
+        np.testing.assert_allclose(np.asarray(ours[name]), np.asarray(theirs[name]), rtol=3e-7, atol=0)
+    assert float(optax.tree.norm(ours)) == pytest.approx(min(1.0, float(optax.tree.norm(grads))), rel=1e-6)
+
+
+def test_optimizer_equals_the_optax_chain():
+    """create_optimizer's AdamW + clipping takes the steps, and keeps the state, of optax's own chain."""
     config = helpers.tiny_config()
-    config.optim.max_grad_norm = 1.0
-    tx, _ = optim.create_optimizer(config.optim, 10)
-    params = {"w": np.ones((4, 4), np.float32)}
-    clip_state = tx.init(params)[0]
-    clipped, _ = optax.clip_by_global_norm(1.0).update({"w": np.full((4, 4), 100.0, np.float32)}, clip_state)
-    assert float(optax.tree.norm(clipped)) == pytest.approx(1.0, rel=1e-6)
+    config.optim.max_grad_norm, config.optim.warmup_steps = 1.0, 0
+    tx, schedule = optim.create_optimizer(config.optim, 10)
+    o = config.optim
+    reference = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(
+        schedule, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay, mask=optim.decay_mask))
+    rng = np.random.default_rng(1)
+    params = {"kernel": rng.normal(size=(8, 4)).astype(np.float32), "bias": rng.normal(size=(4,)).astype(np.float32)}
+    ours, theirs = (params, tx.init(params)), (params, reference.init(params))
+    assert jax.tree.structure(ours[1]) == jax.tree.structure(theirs[1])
+    for step in range(3):
+        grads = jax.tree.map(lambda p: rng.normal(size=p.shape).astype(np.float32) * 10.0 ** step, params)
+        results = []
+        for chain, (p, s) in ((tx, ours), (reference, theirs)):
+            updates, s = jax.jit(chain.update)(grads, s, p)
+            results.append((optax.apply_updates(p, updates), s))
+        ours, theirs = results
+        for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs)):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-6, atol=1e-7)
+    assert not np.allclose(ours[0]["kernel"], params["kernel"])
 
 
 def test_non_finite_loss_stops_the_run_naming_the_step(tmp_path, monkeypatch):

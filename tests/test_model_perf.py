@@ -366,5 +366,33 @@ def test_cpu_dots_run_through_onednn_and_user_flags_win(monkeypatch):
     bert_jax._set_cpu_xla_flags()  # pylint: disable=protected-access
     flags = os.environ["XLA_FLAGS"].split()
     assert flags == ["--xla_force_host_platform_device_count=2", "--xla_cpu_use_onednn=false",
-                     "--xla_cpu_experimental_ynn_fusion_type=",
+                     "--xla_cpu_experimental_ynn_fusion_type=reduce",
                      "--xla_cpu_experimental_onednn_fusion_type=individual_dot"]
+
+
+_REDUCTIONS = {
+    # name: (jax function, numpy float64 reference), on x [8, 32, 96] and a constant c [96, 40]
+    "column_sum": (lambda x, c: jnp.sum(x, (0, 1)), lambda x, c: x.sum((0, 1))),
+    "sum_of_squares": (lambda x, c: jnp.sum(x * x), lambda x, c: np.square(x).sum()),
+    "mean_last": (lambda x, c: jnp.mean(x, -1), lambda x, c: x.mean(-1)),
+    "var_last": (lambda x, c: jnp.var(x, -1), lambda x, c: x.var(-1)),
+    "max_last": (lambda x, c: jnp.max(x, -1), lambda x, c: x.max(-1)),
+    "logsumexp": (lambda x, c: jax.nn.logsumexp(x, -1), lambda x, c: np.log(np.exp(x).sum(-1))),
+    "dot_with_constant_then_sum": (lambda x, c: jnp.sum(x @ jnp.asarray(c), (0, 1)), lambda x, c: (x @ c).sum((0, 1))),
+    "dot_with_ones_then_sum": (lambda x, c: jnp.sum(x @ jnp.ones((96,), jnp.float32)), lambda x, c: x.sum()),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_REDUCTIONS))
+def test_cpu_reductions_under_the_ynn_reduce_fusion_equal_numpy(name):
+    """bert_jax turns on XLA:CPU's "ynn" fusion for reductions (bias gradients, LayerNorm statistics, softmax and
+    the global gradient norm): every kind of reduction the step uses stays finite and equals float64 numpy."""
+    assert "--xla_cpu_experimental_ynn_fusion_type=reduce" in os.environ["XLA_FLAGS"].split()
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((8, 32, 96)).astype(np.float32)
+    c = rng.standard_normal((96, 40)).astype(np.float32)
+    fn, reference = _REDUCTIONS[name]
+    out = np.asarray(jax.jit(lambda x: fn(x, c))(jnp.asarray(x)))
+    expected = reference(x.astype(np.float64), c.astype(np.float64))
+    assert np.all(np.isfinite(out)), f"{name}: non-finite values from XLA:CPU"
+    np.testing.assert_allclose(out, expected, rtol=2e-5, atol=2e-5 * float(np.abs(expected).max()))

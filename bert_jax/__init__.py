@@ -8,9 +8,10 @@ import os as _os
 CPU_XLA_FLAGS = (
     # The "ynn" (YNNPACK) library fusion for reductions only. Its dot fusions are left off: with them, a dot with a
     # constant operand fused into a reduction silently returned NaN in jaxlib 0.10. Without "reduce", XLA:CPU emits
-    # each reduction as a reduce-window loop: a bias gradient's column sum over [8, 128, 3072] took 10 ms instead of
-    # 0.3 ms, and the BERT-base fp32 training step on the 2-core benchmark machine was 0.07-0.38 s slower (medians
-    # of three alternating runs each: 3.09-3.28 s with "reduce", 3.35-3.55 s without).
+    # each reduction as a reduce-window loop: a bias gradient's column sum over [8, 128, 3072] took 6.9 ms instead
+    # of 0.4 ms, and the BERT-base fp32 training step on the 2-core benchmark machine was 0.07-0.38 s slower (medians
+    # of three alternating runs each: 3.09-3.28 s with "reduce", 3.35-3.55 s without). The cost: the step's temporaries
+    # grew from 1.04 to 1.18 GiB, and the process's peak RSS in runs of 40-60 steps from 6.63 to 7.11 GiB.
     ("xla_cpu_experimental_ynn_fusion_type", "reduce"),
     # Dots through oneDNN instead of Eigen: on this project's 2-core benchmark machine, the BERT-base fp32 training
     # step went from 3.17 s to 2.71 s, batched attention matmuls ran twice as fast, and every parity test against

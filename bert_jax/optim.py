@@ -77,7 +77,7 @@ def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
     def update_fn(updates, state, params=None):
         del params
         norm = optax.tree.norm(updates)
-        scale = jnp.where(norm < max_norm, jnp.ones_like(norm), max_norm / norm)
+        scale = jnp.minimum(1.0, max_norm / norm)
         return jax.tree.map(lambda g: g * scale.astype(g.dtype), updates), state
 
     return optax.GradientTransformation(optax.init_empty_state, update_fn)

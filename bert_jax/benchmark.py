@@ -3,6 +3,8 @@
 For each preset it measures, in one run on the current platform: the device's matmul ceiling, the compile time and
 median wall time of the real sharded train step, sequences/s, tokens/s, model FLOPs per step, model-FLOPs
 utilisation against the measured ceiling (and against the nominal peak where the device kind is known), and memory.
+The ceiling is measured before the steps and again after them, and MFU is taken against the higher of the two, so a
+moment's slowdown of a shared host during one measurement cannot overstate the MFU.
 Batches are synthetic and already on device, so the figure is the step alone.
 
 On CPU it also times HuggingFace transformers' `BertForPreTraining` (PyTorch) with the same architecture, the same
@@ -360,13 +362,18 @@ def run(sizes, seq_length: int, batch_size: int, max_predictions: int = 0, dtype
     matmul_size = matmul_size or (2048 if device.platform == "cpu" else 8192)
     # Fake CPU devices share the host's cores (and one thread pool), so the host's ceiling is not multiplied.
     parallel = 1 if device.platform == "cpu" else len(devices)
-    xla_ceiling = matmul_ceiling(matmul_size, jnp.dtype(dtype)) * parallel
     # Where the step may call the BLAS custom call, the ceiling is the faster of XLA's dot and the BLAS sgemm.
-    blas_ceiling = 0.0
-    if (device.platform == "cpu" and dtype_name == "float32" and matmul != "xla"
-            and cpu_gemm.unavailable_reason() is None):
-        blas_ceiling = matmul_ceiling(matmul_size, jnp.dtype(dtype), product=cpu_gemm.matmul)
-    ceiling = max(xla_ceiling, blas_ceiling)
+    with_blas = (device.platform == "cpu" and dtype_name == "float32" and matmul != "xla"
+                 and cpu_gemm.unavailable_reason() is None)
+
+    def measure_ceiling() -> dict:
+        xla = matmul_ceiling(matmul_size, jnp.dtype(dtype)) * parallel
+        blas = matmul_ceiling(matmul_size, jnp.dtype(dtype), product=cpu_gemm.matmul) if with_blas else 0.0
+        return {"xla": xla, "blas": blas, "best": max(xla, blas)}
+
+    # Measured before and again after the steps; MFU is taken against the higher of the two. On a shared host a
+    # moment's slowdown during one measurement would otherwise lower the ceiling and overstate the MFU.
+    before = measure_ceiling()
     peak = metrics_lib.peak_flops_per_device(device) * len(devices)
     print_fn(f"devices: {len(devices)} x {device.device_kind} ({device.platform}), jax {jax.__version__}")
     if device.platform == "cpu":
@@ -376,24 +383,33 @@ def run(sizes, seq_length: int, batch_size: int, max_predictions: int = 0, dtype
         applied, why = host_malloc.state
         print_fn(f"host malloc ({host_malloc.ENV_VAR}): {'tuned' if applied else 'system'}, {why}; "
                  "it holds for torch too, which runs in this process")
+    results = [benchmark_step(size, seq_length, batch_size, max_predictions, dtype_name, steps, warmup, devices,
+                              matmul) for size in sizes]
+    after = measure_ceiling()
+    ceiling = max(before["best"], after["best"])
+
+    def describe(measured: dict) -> str:
+        if not with_blas:
+            return f"{measured['best'] / 1e12:.3f}"
+        return (f"{measured['best'] / 1e12:.3f} (XLA's dot {measured['xla'] / 1e12:.3f}, "
+                f"BLAS sgemm {measured['blas'] / 1e12:.3f})")
+
     print_fn(f"measured {dtype_name} matmul ceiling ({matmul_size}^3{f', x{parallel} devices' if parallel > 1 else ''}"
-             f"): {ceiling / 1e12:.3f} TFLOP/s"
-             + (f" (the faster of XLA's dot {xla_ceiling / 1e12:.3f} and the BLAS sgemm {blas_ceiling / 1e12:.3f})"
-                if blas_ceiling else "")
+             f"): {ceiling / 1e12:.3f} TFLOP/s, the higher of a measurement before the steps, {describe(before)}, "
+             f"and one after them, {describe(after)}"
+             + (", each the faster of XLA's dot and the BLAS sgemm" if with_blas else "")
              + f"; model.matmul={matmul}; nominal bf16 peak: "
              + (f"{peak / 1e12:.0f} TFLOP/s" if peak else "unknown for this device (MFU peak: n/a)"))
     print_fn(f"model FLOPs: 6*N*T + 12*L*d*T^2 + MLM head at {max_predictions} masked positions (+ pooler/NSP), "
              "N = encoder matmul parameters; MFU ceil = model FLOP/s / measured ceiling")
     print_fn(_row(STEP_COLUMNS, _widths(STEP_COLUMNS)))
-    results = []
-    for size in sizes:
-        result = benchmark_step(size, seq_length, batch_size, max_predictions, dtype_name, steps, warmup, devices,
-                                matmul)
+    for result in results:
         result["ceiling_flops_per_s"] = ceiling
+        result["ceiling_before_flops_per_s"] = before["best"]
+        result["ceiling_after_flops_per_s"] = after["best"]
         result["mfu_ceiling"] = result["model_flops_per_s"] / ceiling
         result["mfu_peak"] = result["model_flops_per_s"] / peak if peak else None
         print_fn(step_table_row(result, ceiling, peak))
-        results.append(result)
     print_fn(f"XLA GiB: the compiled step's arguments + outputs - donated + temporaries, per device; "
              f"peak GiB: {results[0]['peak_kind'] if results else ''}")
 

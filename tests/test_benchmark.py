@@ -28,6 +28,11 @@ def test_run_reports_jax_and_torch_steps_with_consistent_flops():
     assert result["flops_per_step"] == expected_flops
     assert result["tokens_per_s"] == pytest.approx(result["seq_per_s"] * 32)
     assert 0 < result["mfu_ceiling"] < 1.5
+    # The ceiling is measured before and after the steps; MFU is against the higher of the two.
+    ceiling = max(result["ceiling_before_flops_per_s"], result["ceiling_after_flops_per_s"])
+    assert min(result["ceiling_before_flops_per_s"], result["ceiling_after_flops_per_s"]) > 0
+    assert result["ceiling_flops_per_s"] == ceiling
+    assert result["mfu_ceiling"] == pytest.approx(result["model_flops_per_s"] / ceiling)
     assert result["mfu_peak"] is None  # no nominal peak for a CPU
     assert result["xla_bytes"] > 0 and result["peak_bytes"] > 0
     assert result["torch_stock_s"] > 0 and result["torch_gathered_s"] > 0 and result["torch_threads"] >= 1
@@ -47,6 +52,8 @@ def test_run_reports_jax_and_torch_steps_with_consistent_flops():
     # fp32 on CPU: the ceiling is the faster of XLA's dot and the BLAS custom call, both printed.
     ceiling_line = next(line for line in lines if "matmul ceiling" in line)
     assert "the faster of XLA's dot" in ceiling_line and "BLAS sgemm" in ceiling_line
+    assert f"{ceiling / 1e12:.3f} TFLOP/s, the higher of a measurement before the steps" in ceiling_line
+    assert "and one after them" in ceiling_line
     assert "model.matmul=auto" in ceiling_line
     step_row = lines[lines.index(step_header) + 1]
     assert step_row.split()[:4] == ["tiny", "32", "4", "float32"]
@@ -82,3 +89,25 @@ def test_benchmark_imports_no_tensorflow_or_torch():
     code = ("import sys, bert_jax.benchmark; bad = sorted({m.split('.')[0] for m in sys.modules} & "
             "{'tensorflow', 'torch', 'transformers'}); assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=120)
+
+
+@pytest.mark.parametrize("before, after", [(1.0e11, 2.0e11), (2.0e11, 1.0e11)])
+def test_mfu_is_against_the_higher_of_the_ceilings_measured_before_and_after_the_steps(monkeypatch, before, after):
+    # A host that slows for a moment during one ceiling measurement must not lower the ceiling and inflate MFU.
+    measured = iter([before, after])
+    monkeypatch.setattr(benchmark, "matmul_ceiling", lambda *args, **kwargs: next(measured))
+    fake = {"size": "tiny", "seq_length": 32, "batch_size": 4, "dtype": "float32", "compile_s": 1.0, "step_s": 0.5,
+            "seq_per_s": 8.0, "tokens_per_s": 256.0, "flops_per_step": 5.0e10, "model_flops_per_s": 1.0e11,
+            "xla_bytes": 2**30, "peak_bytes": 2**31, "peak_kind": "process peak RSS"}
+    monkeypatch.setattr(benchmark, "benchmark_step", lambda *args, **kwargs: dict(fake))
+    lines = []
+    (result,) = benchmark.run(["tiny"], seq_length=32, batch_size=4, steps=2, warmup=0, matmul_size=256,
+                              compare_torch=False, print_fn=lines.append, matmul="xla")
+    assert next(measured, None) is None  # exactly two measurements: before and after
+    assert result["ceiling_before_flops_per_s"] == before and result["ceiling_after_flops_per_s"] == after
+    assert result["ceiling_flops_per_s"] == 2.0e11 and result["mfu_ceiling"] == pytest.approx(0.5)
+    ceiling_line = next(line for line in lines if "matmul ceiling" in line)
+    assert (f"0.200 TFLOP/s, the higher of a measurement before the steps, {before / 1e12:.3f}, "
+            f"and one after them, {after / 1e12:.3f}") in ceiling_line
+    step_row = lines[lines.index(next(line for line in lines if line.startswith("preset"))) + 1]
+    assert "50.0%" in step_row.split()

@@ -309,6 +309,12 @@ def benchmark_torch_step(model_config: model_lib.BertConfig, batch: dict[str, np
         torch.set_num_threads(previous_threads)
 
 
+def spread(name: str, times) -> str:
+    """One line with the fastest, median and slowest of a run's timed steps: how noisy the host was."""
+    return (f"{name}: step s min {min(times):.4f} / median {statistics.median(times):.4f} / max {max(times):.4f} "
+            f"over {len(times)} steps")
+
+
 def _row(values, widths) -> str:
     return " ".join(f"{value:>{width}}" if index else f"{value:<{width}}"
                     for index, (value, width) in enumerate(zip(values, widths)))
@@ -410,6 +416,8 @@ def run(sizes, seq_length: int, batch_size: int, max_predictions: int = 0, dtype
         result["mfu_ceiling"] = result["model_flops_per_s"] / ceiling
         result["mfu_peak"] = result["model_flops_per_s"] / peak if peak else None
         print_fn(step_table_row(result, ceiling, peak))
+    for result in results:
+        print_fn(spread(f"{result['size']} (jax)", result["step_times"]))
     print_fn(f"XLA GiB: the compiled step's arguments + outputs - donated + temporaries, per device; "
              f"peak GiB: {results[0]['peak_kind'] if results else ''}")
 
@@ -422,6 +430,7 @@ def run(sizes, seq_length: int, batch_size: int, max_predictions: int = 0, dtype
         stock = benchmark_torch_step(result["model_config"], result["batch"], steps, warmup, threads, False)
         gathered = benchmark_torch_step(result["model_config"], result["batch"], steps, warmup, threads, True)
         result.update(torch_stock_s=stock["step_s"], torch_gathered_s=gathered["step_s"],
+                      torch_stock_step_times=stock["step_times"], torch_gathered_step_times=gathered["step_times"],
                       torch_loss=gathered["loss"], torch_threads=stock["threads"],
                       speedup_vs_stock=stock["step_s"] / result["step_s"],
                       speedup_vs_gathered=gathered["step_s"] / result["step_s"],
@@ -437,6 +446,9 @@ def run(sizes, seq_length: int, batch_size: int, max_predictions: int = 0, dtype
     print_fn(_row(TORCH_COLUMNS, _widths(TORCH_COLUMNS)))
     for result in results:
         print_fn(torch_table_row(result))
+    for result in results:
+        print_fn(spread(f"{result['size']} (torch stock)", result["torch_stock_step_times"]))
+        print_fn(spread(f"{result['size']} (torch gathered)", result["torch_gathered_step_times"]))
     print_fn(f"process peak RSS after torch: {peak_rss_bytes() / 2**30:.2f} GiB")
     return results
 

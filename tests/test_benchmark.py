@@ -59,6 +59,14 @@ def test_run_reports_jax_and_torch_steps_with_consistent_flops():
     assert step_row.split()[:4] == ["tiny", "32", "4", "float32"]
     assert len(step_row.split()) == len(benchmark.STEP_COLUMNS)
     assert len(lines[lines.index(torch_header) + 1].split()) == len(benchmark.TORCH_COLUMNS)
+    # The spread of each run's timed steps, so a reader can tell a noisy host from a slow step.
+    times = sorted(result["step_times"])
+    assert (f"tiny (jax): step s min {times[0]:.4f} / median {result['step_s']:.4f} / max {times[-1]:.4f} "
+            "over 2 steps") in lines
+    for kind in ("stock", "gathered"):
+        times = result[f"torch_{kind}_step_times"]
+        assert len(times) == 2 and (f"tiny (torch {kind}): step s min {min(times):.4f} / median "
+                                    f"{result[f'torch_{kind}_s']:.4f} / max {max(times):.4f} over 2 steps") in lines
 
 
 def test_model_flops_count_encoder_matmuls_attention_and_masked_head_only():
@@ -97,8 +105,8 @@ def test_mfu_is_against_the_higher_of_the_ceilings_measured_before_and_after_the
     measured = iter([before, after])
     monkeypatch.setattr(benchmark, "matmul_ceiling", lambda *args, **kwargs: next(measured))
     fake = {"size": "tiny", "seq_length": 32, "batch_size": 4, "dtype": "float32", "compile_s": 1.0, "step_s": 0.5,
-            "seq_per_s": 8.0, "tokens_per_s": 256.0, "flops_per_step": 5.0e10, "model_flops_per_s": 1.0e11,
-            "xla_bytes": 2**30, "peak_bytes": 2**31, "peak_kind": "process peak RSS"}
+            "step_times": [0.7, 0.5, 0.4], "seq_per_s": 8.0, "tokens_per_s": 256.0, "flops_per_step": 5.0e10,
+            "model_flops_per_s": 1.0e11, "xla_bytes": 2**30, "peak_bytes": 2**31, "peak_kind": "process peak RSS"}
     monkeypatch.setattr(benchmark, "benchmark_step", lambda *args, **kwargs: dict(fake))
     lines = []
     (result,) = benchmark.run(["tiny"], seq_length=32, batch_size=4, steps=2, warmup=0, matmul_size=256,
@@ -111,3 +119,4 @@ def test_mfu_is_against_the_higher_of_the_ceilings_measured_before_and_after_the
             f"and one after them, {after / 1e12:.3f}") in ceiling_line
     step_row = lines[lines.index(next(line for line in lines if line.startswith("preset"))) + 1]
     assert "50.0%" in step_row.split()
+    assert "tiny (jax): step s min 0.4000 / median 0.5000 / max 0.7000 over 3 steps" in lines

@@ -389,8 +389,13 @@ def run(sizes, seq_length: int, batch_size: int, max_predictions: int = 0, dtype
         applied, why = host_malloc.state
         print_fn(f"host malloc ({host_malloc.ENV_VAR}): {'tuned' if applied else 'system'}, {why}; "
                  "it holds for torch too, which runs in this process")
-    results = [benchmark_step(size, seq_length, batch_size, max_predictions, dtype_name, steps, warmup, devices,
-                              matmul) for size in sizes]
+    results = []
+    for size in sizes:
+        results.append(benchmark_step(size, seq_length, batch_size, max_predictions, dtype_name, steps, warmup,
+                                      devices, matmul))
+        # Printed as each preset finishes: the table waits for the second ceiling measurement, and a later preset
+        # that fails (out of memory, say) must not take this one's figures with it.
+        print_fn(spread(f"{size} (jax)", results[-1]["step_times"]))
     after = measure_ceiling()
     ceiling = max(before["best"], after["best"])
 
@@ -416,8 +421,6 @@ def run(sizes, seq_length: int, batch_size: int, max_predictions: int = 0, dtype
         result["mfu_ceiling"] = result["model_flops_per_s"] / ceiling
         result["mfu_peak"] = result["model_flops_per_s"] / peak if peak else None
         print_fn(step_table_row(result, ceiling, peak))
-    for result in results:
-        print_fn(spread(f"{result['size']} (jax)", result["step_times"]))
     print_fn(f"XLA GiB: the compiled step's arguments + outputs - donated + temporaries, per device; "
              f"peak GiB: {results[0]['peak_kind'] if results else ''}")
 

@@ -29,6 +29,7 @@ import numpy as np
 
 from bert_jax import cpu_gemm
 from bert_jax import host_malloc
+from bert_jax import matmul_bound as matmul_bound_lib
 from bert_jax import metrics as metrics_lib
 from bert_jax import model as model_lib
 from bert_jax import optim
@@ -50,6 +51,9 @@ flags.DEFINE_boolean("compare_torch", None, "Also time HuggingFace BertForPreTra
                      "the platform is CPU and torch + transformers import, off otherwise.")
 flags.DEFINE_integer("threads", 0, "CPU threads for both JAX and torch; 0 means every core this process may use. "
                      "Fewer pins the process to that many cores before JAX starts, so XLA's pool shrinks too.")
+flags.DEFINE_enum("matmuls", "total", ["total", "shapes", "off"], "After the steps, time each distinct matmul of the "
+                  "step alone (one device only) and print their total as a bound on the step ('shapes': also one "
+                  "line per distinct matmul).")
 FLAGS = flags.FLAGS
 
 # The columns of the two tables, in order (the test checks the header against these).
@@ -164,11 +168,13 @@ def _memory_stats(compiled, device) -> dict[str, float]:
 
 
 def benchmark_step(size: str, seq_length: int, batch_size: int, max_predictions: int, dtype: str, steps: int,
-                   warmup: int, devices=None, matmul: str = "auto") -> dict:
+                   warmup: int, devices=None, matmul: str = "auto", matmuls: bool = False) -> dict:
     """Compile time and median wall time of the real sharded train step (data parallel over `devices`, default all).
 
     Returns the timings, throughput, model FLOPs per step (model_flops_per_sequence * batch_size), the first and
     last step's loss, the memory figures, and the synthetic batch (for feeding another framework the same inputs).
+    matmuls: also, after the steps, bert_jax.matmul_bound's account of the step's matmuls each timed alone
+    ("matmuls"; None, with "matmuls_skipped" saying why, on more than one device).
     """
     devices = list(jax.devices() if devices is None else devices)
     if batch_size % len(devices):
@@ -202,6 +208,11 @@ def benchmark_step(size: str, seq_length: int, batch_size: int, max_predictions:
             state, metrics = compiled(state, device_batch, step_rng)
             jax.block_until_ready(metrics)
             times.append(time.perf_counter() - start)
+        bound, skipped = None, ""
+        if matmuls and len(devices) > 1:
+            skipped = f"the step runs on {len(devices)} devices; the matmuls are timed alone on one"
+        elif matmuls:
+            bound = matmul_bound_lib.matmul_bound(step, state, device_batch, step_rng)
     memory = _memory_stats(compiled, devices[0])
     del state
     median = statistics.median(times)
@@ -211,7 +222,7 @@ def benchmark_step(size: str, seq_length: int, batch_size: int, max_predictions:
             "step_times": times, "seq_per_s": batch_size / median, "tokens_per_s": batch_size * seq_length / median,
             "flops_per_step": flops, "model_flops_per_s": flops / median, "loss": first_loss,
             "last_loss": float(metrics["loss"]),
-            "batch": batch, "model_config": model_config, **memory}
+            "batch": batch, "model_config": model_config, "matmuls": bound, "matmuls_skipped": skipped, **memory}
 
 
 def torch_available() -> str:
@@ -334,6 +345,33 @@ def step_table_row(result: dict, ceiling: float, peak: float) -> str:
     return _row(values, _widths(STEP_COLUMNS))
 
 
+def matmul_bound_lines(results, ceiling: float, shapes: bool = False) -> list[str]:
+    """The step's matmuls each timed alone (bert_jax.matmul_bound), per preset: their total time, its share of the
+    measured step, and the MFU the step would have if it took only that long (the most these kernels allow).
+
+    Also sets result["matmul_s"] and result["mfu_matmul_bound"] (None where the bound was not measured)."""
+    lines = ["matmuls alone: every distinct matmul of the step compiled and timed on its own, the fastest of 3 "
+             "rounds' medians; bound = the sum over the step's matmuls; MFU bound = model FLOPs / bound / ceiling"]
+    for result in results:
+        bound = result.get("matmuls")
+        result["matmul_s"] = result["mfu_matmul_bound"] = None
+        if bound is None:
+            lines.append(f"{result['size']}: matmuls alone not measured: {result.get('matmuls_skipped') or 'off'}")
+            continue
+        result["matmul_s"] = bound["seconds"]
+        result["mfu_matmul_bound"] = result["flops_per_step"] / bound["seconds"] / ceiling
+        lines.append(
+            f"{result['size']}: {bound['calls']} matmuls ({len(bound['groups'])} distinct), "
+            f"{bound['flops'] / 1e9:.1f} GFLOP, alone {bound['seconds']:.4f} s "
+            f"({bound['flops'] / bound['seconds'] / 1e12:.3f} TFLOP/s), {bound['seconds'] / result['step_s']:.1%} of "
+            f"the {result['step_s']:.4f} s step; the other {result['step_s'] - bound['seconds']:.4f} s is work outside "
+            f"the matmuls and matmuls running slower than alone; MFU bound {result['mfu_matmul_bound']:.1%}"
+            + "".join(f"; note: {note}" for note in bound["notes"]))
+        if shapes:
+            lines.extend(f"  {matmul_bound_lib.group_line(group, ceiling)}" for group in bound["groups"])
+    return lines
+
+
 def torch_table_row(result: dict) -> str:
     values = (result["size"], result["torch_threads"], f"{result['step_s']:.4f}",
               f"{result['torch_stock_s']:.4f}", f"{result['torch_gathered_s']:.4f}",
@@ -344,12 +382,16 @@ def torch_table_row(result: dict) -> str:
 
 def run(sizes, seq_length: int, batch_size: int, max_predictions: int = 0, dtype: str = "float32", steps: int = 10,
         warmup: int = 2, matmul_size: int = 0, compare_torch: bool | None = None, threads: int = 0, devices=None,
-        print_fn: Callable[[str], None] = print, matmul: str = "auto") -> list[dict]:
+        print_fn: Callable[[str], None] = print, matmul: str = "auto", matmuls: str = "total") -> list[dict]:
     """Measures every preset in `sizes` and prints the tables; returns one result dict per preset.
 
     compare_torch=None means: on when the platform is CPU and torch + transformers import. threads (0: every core
     this process may use) sets torch's thread count; JAX's pool was sized when its backend started (see pin_to_cores).
+    matmuls: "total" times the step's matmuls alone and prints the bound they set (see `matmul_bound_lines`),
+    "shapes" also prints one line per distinct matmul, "off" skips them.
     """
+    if matmuls not in ("total", "shapes", "off"):
+        raise ValueError(f"matmuls={matmuls!r}: choose total, shapes or off")
     devices = list(jax.devices() if devices is None else devices)
     device = devices[0]
     dtype_name = jnp.dtype(dtype).name
@@ -392,7 +434,7 @@ def run(sizes, seq_length: int, batch_size: int, max_predictions: int = 0, dtype
     results = []
     for size in sizes:
         results.append(benchmark_step(size, seq_length, batch_size, max_predictions, dtype_name, steps, warmup,
-                                      devices, matmul))
+                                      devices, matmul, matmuls != "off"))
         # Printed as each preset finishes: the table waits for the second ceiling measurement, and a later preset
         # that fails (out of memory, say) must not take this one's figures with it.
         print_fn(spread(f"{size} (jax)", results[-1]["step_times"]))
@@ -423,6 +465,9 @@ def run(sizes, seq_length: int, batch_size: int, max_predictions: int = 0, dtype
         print_fn(step_table_row(result, ceiling, peak))
     print_fn(f"XLA GiB: the compiled step's arguments + outputs - donated + temporaries, per device; "
              f"peak GiB: {results[0]['peak_kind'] if results else ''}")
+    if matmuls != "off":
+        for line in matmul_bound_lines(results, ceiling, shapes=matmuls == "shapes"):
+            print_fn(line)
 
     if not compare_torch:
         if missing_torch and device.platform == "cpu":
@@ -465,7 +510,7 @@ def main(argv):
         raise app.UsageError(str(error)) from error
     run(FLAGS.size, FLAGS.seq_length, FLAGS.batch_size, FLAGS.max_predictions, FLAGS.dtype, FLAGS.steps,
         FLAGS.warmup, FLAGS.matmul_size, FLAGS.compare_torch, FLAGS.threads, print_fn=lambda line: print(
-            line, flush=True), matmul=FLAGS.matmul)
+            line, flush=True), matmul=FLAGS.matmul, matmuls=FLAGS.matmuls)
 
 
 if __name__ == "__main__":

@@ -124,7 +124,8 @@ def unavailable_reason() -> str | None:
         return _STATE["error"]
 
 
-def _gemm(a, b, trans_a: bool, trans_b: bool):
+def sgemm(a, b, trans_a: bool, trans_b: bool):
+    """The custom call itself (no gradient): op(a) @ op(b) over equal leading (batch) dimensions, float32."""
     m = a.shape[-1] if trans_a else a.shape[-2]
     n = b.shape[-2] if trans_b else b.shape[-1]
     out = jax.ShapeDtypeStruct(a.shape[:-2] + (m, n), jnp.float32)
@@ -134,18 +135,18 @@ def _gemm(a, b, trans_a: bool, trans_b: bool):
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
 def matmul(a, b, transpose_a: bool = False, transpose_b: bool = False):
     """op(a) @ op(b) over equal leading (batch) dimensions, float32, op = transpose of the last two axes or not."""
-    return _gemm(a, b, transpose_a, transpose_b)
+    return sgemm(a, b, transpose_a, transpose_b)
 
 
 def _matmul_forward(a, b, transpose_a, transpose_b):
-    return _gemm(a, b, transpose_a, transpose_b), (a, b)
+    return sgemm(a, b, transpose_a, transpose_b), (a, b)
 
 
 def _matmul_backward(transpose_a, transpose_b, residuals, grad):
     # C = op(A) op(B): d op(A) = dC op(B)^T and d op(B) = op(A)^T dC, each one sgemm with transposed operands.
     a, b = residuals
-    grad_a = _gemm(b, grad, transpose_b, True) if transpose_a else _gemm(grad, b, False, not transpose_b)
-    grad_b = _gemm(grad, a, True, transpose_a) if transpose_b else _gemm(a, grad, not transpose_a, False)
+    grad_a = sgemm(b, grad, transpose_b, True) if transpose_a else sgemm(grad, b, False, not transpose_b)
+    grad_b = sgemm(grad, a, True, transpose_a) if transpose_b else sgemm(a, grad, not transpose_a, False)
     return grad_a, grad_b
 
 

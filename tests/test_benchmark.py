@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from bert_jax import benchmark
+from bert_jax import matmul_bound
 from bert_jax import model as model_lib
 from tests.helpers import ROOT
 
@@ -63,10 +64,40 @@ def test_run_reports_jax_and_torch_steps_with_consistent_flops():
     times = sorted(result["step_times"])
     assert (f"tiny (jax): step s min {times[0]:.4f} / median {result['step_s']:.4f} / max {times[-1]:.4f} "
             "over 2 steps") in lines
+    # The matmul bound times products on one device; this step ran on four.
+    assert result["matmuls"] is None and result["matmul_s"] is None and result["mfu_matmul_bound"] is None
+    assert ("tiny: matmuls alone not measured: the step runs on 4 devices; the matmuls are timed alone on one"
+            in lines)
     for kind in ("stock", "gathered"):
         times = result[f"torch_{kind}_step_times"]
         assert len(times) == 2 and (f"tiny (torch {kind}): step s min {min(times):.4f} / median "
                                     f"{result[f'torch_{kind}_s']:.4f} / max {max(times):.4f} over 2 steps") in lines
+
+
+def test_run_on_one_device_times_the_steps_matmuls_alone_and_prints_the_bound():
+    lines = []
+    (result,) = benchmark.run(["tiny"], seq_length=32, batch_size=4, steps=1, warmup=0, matmul_size=256,
+                              compare_torch=False, devices=jax.devices()[:1], print_fn=lines.append,
+                              matmuls="shapes")
+    bound = result["matmuls"]
+    # Every product of the step, and nothing else: their FLOPs are exactly the model FLOPs.
+    assert bound["flops"] == result["flops_per_step"]
+    assert bound["calls"] == sum(group["count"] for group in bound["groups"])
+    assert result["matmul_s"] == bound["seconds"] > 0
+    assert result["matmul_s"] == pytest.approx(sum(group["count"] * group["seconds"] for group in bound["groups"]))
+    assert result["mfu_matmul_bound"] == pytest.approx(
+        result["flops_per_step"] / result["matmul_s"] / result["ceiling_flops_per_s"])
+    line = next(line for line in lines if line.startswith("tiny: ") and "matmuls (" in line)
+    assert f"{bound['calls']} matmuls ({len(bound['groups'])} distinct)" in line
+    assert f"alone {result['matmul_s']:.4f} s" in line and f"MFU bound {result['mfu_matmul_bound']:.1%}" in line
+    assert f"{result['matmul_s'] / result['step_s']:.1%} of the {result['step_s']:.4f} s step" in line
+    # "shapes": one line per distinct matmul, right after the preset's line, slowest in total first.
+    start = lines.index(line) + 1
+    group_lines = lines[start:start + len(bound["groups"])]
+    assert group_lines == [f"  {matmul_bound.group_line(group, result['ceiling_flops_per_s'])}"
+                           for group in bound["groups"]]
+    totals = [group["count"] * group["seconds"] for group in bound["groups"]]
+    assert totals == sorted(totals, reverse=True)
 
 
 def test_model_flops_count_encoder_matmuls_attention_and_masked_head_only():

@@ -1,0 +1,218 @@
+"""The matmuls of a traced function, each timed alone: how fast a step could run if it were nothing but its matmuls.
+
+MFU against a measured matmul ceiling mixes two losses: the matmuls of the step running slower than the square
+ceiling matmul (their shapes are smaller, thinner, or transposed), and time spent outside matmuls (elementwise work,
+reductions, the optimizer). This module separates them. It walks the jaxpr of a function (into jit, scan with its
+trip count, remat, custom-derivative calls and cond branches), collects every `dot_general` and every BLAS sgemm
+custom call (bert_jax.cpu_gemm), groups identical ones, and times each group's product alone on the default device,
+as its own jitted function, on random operands of the same shapes and dtypes:
+
+    bound = sum over groups of (count x median time alone)
+
+`bound` is the step time with everything but the matmuls removed and the matmuls running as fast as they do alone;
+model FLOPs / bound / ceiling is the most MFU those kernels allow. The shapes are the global (unsharded) ones, so the
+figure is for a step on one device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.extend import core as jax_core
+
+from bert_jax import cpu_gemm
+
+# Time spent timing each distinct matmul in each round, roughly: repeats are chosen so that one running at
+# `_ASSUMED_FLOPS_PER_S` takes about this long, within [_MIN_REPEATS, _MAX_REPEATS].
+_TARGET_SECONDS = 0.1
+_ASSUMED_FLOPS_PER_S = 2e11
+_MIN_REPEATS, _MAX_REPEATS = 5, 200
+
+
+@dataclasses.dataclass(frozen=True)
+class Matmul:
+    """One distinct product: `kind` "dot_general" (XLA's dot) or "sgemm" (bert_jax.cpu_gemm's custom call)."""
+
+    kind: str
+    lhs_shape: tuple
+    lhs_dtype: str
+    rhs_shape: tuple
+    rhs_dtype: str
+    # dot_general: (dimension_numbers, preferred_element_type name or None); sgemm: (trans_a, trans_b).
+    params: tuple
+
+    @property
+    def flops(self) -> int:
+        """2 x output elements x contraction size."""
+        if self.kind == "sgemm":
+            trans_a, trans_b = self.params
+            rows, inner = self.lhs_shape[-2:][::-1] if trans_a else self.lhs_shape[-2:]
+            cols = self.rhs_shape[-2] if trans_b else self.rhs_shape[-1]
+            return 2 * math.prod(self.lhs_shape[:-2]) * rows * inner * cols
+        ((lhs_contract, rhs_contract), (lhs_batch, rhs_batch)), _ = self.params
+        batch = math.prod(self.lhs_shape[axis] for axis in lhs_batch)
+        contract = math.prod(self.lhs_shape[axis] for axis in lhs_contract)
+        lhs_free = math.prod(size for axis, size in enumerate(self.lhs_shape)
+                             if axis not in lhs_contract and axis not in lhs_batch)
+        rhs_free = math.prod(size for axis, size in enumerate(self.rhs_shape)
+                             if axis not in rhs_contract and axis not in rhs_batch)
+        return 2 * batch * lhs_free * rhs_free * contract
+
+    def describe(self) -> str:
+        if self.kind == "sgemm":
+            trans_a, trans_b = self.params
+            return (f"sgemm {'T' if trans_a else 'N'}{'T' if trans_b else 'N'} "
+                    f"{list(self.lhs_shape)} x {list(self.rhs_shape)}")
+        ((lhs_contract, rhs_contract), (lhs_batch, rhs_batch)), _ = self.params
+        batch = f", batch {list(lhs_batch)}/{list(rhs_batch)}" if lhs_batch else ""
+        return (f"dot {self.lhs_dtype}{list(self.lhs_shape)} x {self.rhs_dtype}{list(self.rhs_shape)}, "
+                f"contracting {list(lhs_contract)}/{list(rhs_contract)}{batch}")
+
+    def function(self):
+        """The product alone, as a jittable function of (lhs, rhs)."""
+        if self.kind == "sgemm":
+            trans_a, trans_b = self.params
+            return lambda lhs, rhs: cpu_gemm.sgemm(lhs, rhs, trans_a, trans_b)
+        dimension_numbers, preferred = self.params
+        preferred = None if preferred is None else jnp.dtype(preferred)
+        return lambda lhs, rhs: lax.dot_general(lhs, rhs, dimension_numbers, preferred_element_type=preferred)
+
+
+def _as_tuple(value):
+    return tuple(_as_tuple(item) for item in value) if isinstance(value, (tuple, list)) else value
+
+
+def _matmul_of(eqn) -> Matmul | None:
+    name = eqn.primitive.name
+    if name == "dot_general":
+        lhs, rhs = (var.aval for var in eqn.invars)
+        preferred = eqn.params.get("preferred_element_type")
+        return Matmul("dot_general", tuple(lhs.shape), jnp.dtype(lhs.dtype).name, tuple(rhs.shape),
+                      jnp.dtype(rhs.dtype).name,
+                      (_as_tuple(eqn.params["dimension_numbers"]),
+                       None if preferred is None else jnp.dtype(preferred).name))
+    if name == "ffi_call" and eqn.params.get("target_name") == cpu_gemm.TARGET_NAME:
+        lhs, rhs = (var.aval for var in eqn.invars)
+        attributes = dict(eqn.params.get("attributes") or ())
+        return Matmul("sgemm", tuple(lhs.shape), jnp.dtype(lhs.dtype).name, tuple(rhs.shape),
+                      jnp.dtype(rhs.dtype).name, (bool(attributes["trans_a"]), bool(attributes["trans_b"])))
+    return None
+
+
+def _sub_jaxprs(eqn):
+    for value in eqn.params.values():
+        for item in (value if isinstance(value, (tuple, list)) else (value,)):
+            if isinstance(item, jax_core.ClosedJaxpr):
+                yield item.jaxpr
+            elif isinstance(item, jax_core.Jaxpr):
+                yield item
+
+
+def _count(jaxpr, multiplier: int, counts: dict, notes: set) -> None:
+    for eqn in jaxpr.eqns:
+        matmul = _matmul_of(eqn)
+        if matmul is not None:
+            counts[matmul] = counts.get(matmul, 0) + multiplier
+            continue
+        name = eqn.primitive.name
+        inner = multiplier * int(eqn.params["length"]) if name == "scan" else multiplier
+        if name == "while":
+            notes.add("a while loop's body is counted once (its trip count is not known when tracing)")
+        if name == "cond":
+            # One branch runs: count the most expensive one.
+            best = None
+            for branch in _sub_jaxprs(eqn):
+                branch_counts: dict = {}
+                _count(branch, inner, branch_counts, notes)
+                flops = sum(matmul.flops * count for matmul, count in branch_counts.items())
+                if best is None or flops > best[0]:
+                    best = (flops, branch_counts)
+            for matmul, count in (best[1] if best else {}).items():
+                counts[matmul] = counts.get(matmul, 0) + count
+            continue
+        for sub in _sub_jaxprs(eqn):
+            _count(sub, inner, counts, notes)
+
+
+def collect_matmuls(fn, *args, **kwargs) -> tuple[dict, list[str]]:
+    """{Matmul: how many times one call of fn(*args, **kwargs) runs it}, and notes on what could not be counted."""
+    closed = jax.make_jaxpr(fn)(*args, **kwargs)
+    counts: dict = {}
+    notes: set = set()
+    _count(closed.jaxpr, 1, counts, notes)
+    return counts, sorted(notes)
+
+
+def _operand(key, shape, dtype):
+    dtype = jnp.dtype(dtype)
+    if jnp.issubdtype(dtype, jnp.floating):
+        return jax.random.normal(key, shape, dtype)
+    return jnp.ones(shape, dtype)
+
+
+def _repeats(matmul: Matmul) -> int:
+    repeats = int(_TARGET_SECONDS * _ASSUMED_FLOPS_PER_S / max(matmul.flops, 1))
+    return min(max(repeats, _MIN_REPEATS), _MAX_REPEATS)
+
+
+def alone(matmul: Matmul, device=None):
+    """A function of no arguments that runs `matmul` once, alone (compiled on its own, operands already on the
+    device, compiled and run once here), and waits for it."""
+    device = device or jax.devices()[0]
+    keys = jax.random.split(jax.random.key(0))
+    with jax.default_device(device):
+        lhs = _operand(keys[0], matmul.lhs_shape, matmul.lhs_dtype)
+        rhs = _operand(keys[1], matmul.rhs_shape, matmul.rhs_dtype)
+    product = jax.jit(matmul.function())
+    product(lhs, rhs).block_until_ready()
+    return lambda: product(lhs, rhs).block_until_ready()
+
+
+def median_seconds(run, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def time_alone(matmuls, rounds: int = 3, device=None) -> list[float]:
+    """Seconds of one call of each matmul alone: the fastest of `rounds` medians, the rounds going over every matmul
+    in turn, so that a moment's slowdown of a shared host lands on one round and not on one matmul."""
+    runs = [alone(matmul, device) for matmul in matmuls]
+    best = [float("inf")] * len(runs)
+    for _ in range(rounds):
+        for index, (matmul, run) in enumerate(zip(matmuls, runs)):
+            best[index] = min(best[index], median_seconds(run, _repeats(matmul)))
+    return best
+
+
+def matmul_bound(fn, *args, timer=time_alone, **kwargs) -> dict:
+    """Collects fn's matmuls and times each distinct one alone (`timer([matmul, ...]) -> [seconds, ...]`).
+
+    Returns {"seconds": the sum of count x time alone, "flops": their FLOPs, "calls": how many products,
+    "groups": [{"matmul", "count", "seconds" (one call), "flops" (one call)}, ...] slowest total first, "notes"}.
+    """
+    counts, notes = collect_matmuls(fn, *args, **kwargs)
+    matmuls = list(counts)
+    groups = [{"matmul": matmul, "count": counts[matmul], "seconds": seconds, "flops": matmul.flops}
+              for matmul, seconds in zip(matmuls, timer(matmuls))]
+    groups.sort(key=lambda group: -group["count"] * group["seconds"])
+    return {"seconds": sum(group["count"] * group["seconds"] for group in groups),
+            "flops": sum(group["count"] * group["flops"] for group in groups),
+            "calls": sum(group["count"] for group in groups), "groups": groups, "notes": notes}
+
+
+def group_line(group: dict, ceiling: float) -> str:
+    """One group: count, time alone, rate and the share of the ceiling it reaches."""
+    rate = group["flops"] / group["seconds"] if group["seconds"] else float("nan")
+    return (f"{group['count']:5d} x {group['seconds'] * 1e3:9.3f} ms = {group['count'] * group['seconds']:7.3f} s  "
+            f"{rate / 1e9:8.1f} GFLOP/s {rate / ceiling:6.1%}  {group['matmul'].describe()}")
+

@@ -1,0 +1,135 @@
+"""bert_jax.matmul_bound: the matmuls it finds in a step (counts and FLOPs, exactly) and the bound it sums from them."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bert_jax import benchmark
+from bert_jax import cpu_gemm
+from bert_jax import matmul_bound
+from bert_jax import model as model_lib
+from bert_jax import optim
+from bert_jax import sharding as sharding_lib
+from bert_jax import train
+
+
+def _flops(counts):
+    return sum(matmul.flops * count for matmul, count in counts.items())
+
+
+def test_counts_matmuls_through_jit_scan_and_the_backward_pass():
+    batch, width, steps = 4, 8, 3
+
+    def loss(w, x):
+        def layer(h, _):
+            return jnp.tanh(h @ w), None
+        h, _ = jax.lax.scan(layer, x, None, length=steps)
+        return jnp.sum(h)
+
+    w, x = jnp.ones((width, width)), jnp.ones((batch, width))
+    counts, notes = matmul_bound.collect_matmuls(jax.jit(jax.grad(loss)), w, x)
+    # Forward: one [4, 8] x [8, 8] product a step; backward: the input and the weight gradient a step.
+    assert sum(counts.values()) == 3 * steps and notes == []
+    assert _flops(counts) == 3 * steps * 2 * batch * width * width
+    forward = matmul_bound.Matmul("dot_general", (batch, width), "float32", (width, width), "float32",
+                                  ((((1,), (0,)), ((), ())), "float32"))
+    assert counts[forward] == steps
+
+
+def test_cond_counts_its_most_expensive_branch_and_while_is_noted():
+    def f(flag, x, y):
+        return jax.lax.cond(flag, lambda: x @ y @ y, lambda: x @ y)
+
+    x, y = jnp.ones((2, 4)), jnp.ones((4, 4))
+    counts, _ = matmul_bound.collect_matmuls(f, True, x, y)
+    assert sum(counts.values()) == 2 and _flops(counts) == 2 * (2 * 2 * 4 * 4)
+
+    def g(x, y):
+        return jax.lax.while_loop(lambda c: c[1] < 3, lambda c: (c[0] @ y, c[1] + 1), (x, 0))[0]
+
+    counts, notes = matmul_bound.collect_matmuls(g, x, y)
+    assert sum(counts.values()) == 1 and notes == [
+        "a while loop's body is counted once (its trip count is not known when tracing)"]
+
+
+def test_flops_of_batched_dots_and_sgemm_calls():
+    attention = matmul_bound.Matmul("dot_general", (8, 12, 128, 64), "float32", (8, 12, 128, 64), "float32",
+                                    ((((3,), (3,)), ((0, 1), (0, 1))), "float32"))
+    assert attention.flops == 2 * 8 * 12 * 128 * 128 * 64
+    # op(a) @ op(b) with a leading batch axis: [2, 5, 3]^T x [2, 5, 7] -> [2, 3, 7], contraction 5.
+    sgemm = matmul_bound.Matmul("sgemm", (2, 5, 3), "float32", (2, 5, 7), "float32", (True, False))
+    assert sgemm.flops == 2 * 2 * 3 * 7 * 5
+    assert sgemm.describe() == "sgemm TN [2, 5, 3] x [2, 5, 7]"
+    assert attention.describe() == ("dot float32[8, 12, 128, 64] x float32[8, 12, 128, 64], contracting [3]/[3], "
+                                    "batch [0, 1]/[0, 1]")
+
+
+def test_each_matmul_alone_computes_its_product():
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    b = np.arange(20, dtype=np.float32).reshape(5, 4)
+    dot = matmul_bound.Matmul("dot_general", (3, 4), "float32", (5, 4), "float32", ((((1,), (1,)), ((), ())), None))
+    np.testing.assert_allclose(jax.jit(dot.function())(a, b), a @ b.T)
+    if cpu_gemm.unavailable_reason() is None:
+        gemm = matmul_bound.Matmul("sgemm", (3, 4), "float32", (5, 4), "float32", (False, True))
+        np.testing.assert_allclose(jax.jit(gemm.function())(a, b), a @ b.T, rtol=1e-6)
+
+
+def test_time_alone_keeps_the_fastest_round_of_each_matmul(monkeypatch):
+    small = matmul_bound.Matmul("dot_general", (2, 3), "float32", (3, 4), "float32", ((((1,), (0,)), ((), ())), None))
+    large = matmul_bound.Matmul("dot_general", (4, 3), "float32", (3, 4), "float32", ((((1,), (0,)), ((), ())), None))
+    # Rounds go over every matmul in turn: small, large, small, large, small, large.
+    medians = iter([0.5, 2.0, 0.3, 3.0, 0.4, 1.0])
+    monkeypatch.setattr(matmul_bound, "median_seconds", lambda run, repeats: next(medians))
+    assert matmul_bound.time_alone([small, large], rounds=3) == [0.3, 1.0]
+    assert next(medians, None) is None
+
+
+def test_bound_is_the_sum_of_count_times_the_time_alone():
+    def f(x, y, z):
+        # The second product contracts z's last axis: another dot (z.T @ would transpose first, then the same dot).
+        return (x @ y) @ z + jax.lax.dot_general(x @ y, z, (((1,), (1,)), ((), ())))
+
+    x, y, z = jnp.ones((2, 3)), jnp.ones((3, 4)), jnp.ones((4, 4))
+    seconds = {(2, 3): 1.0, (2, 4): 0.25}
+    bound = matmul_bound.matmul_bound(f, x, y, z, timer=lambda matmuls: [seconds[m.lhs_shape] for m in matmuls])
+    # x @ y twice (the same product: one group of two), then two different [2, 4] x [4, 4] products.
+    assert bound["calls"] == 4 and len(bound["groups"]) == 3
+    assert bound["seconds"] == pytest.approx(2 * 1.0 + 0.25 + 0.25)
+    assert bound["flops"] == 2 * (2 * 2 * 3 * 4) + 2 * (2 * 2 * 4 * 4)
+    assert bound["groups"][0]["count"] == 2 and bound["groups"][0]["matmul"].lhs_shape == (2, 3)
+
+
+def _train_step_matmuls(**model_overrides):
+    config = benchmark._preset("tiny", 32, 5, "float32", 4, 10)  # pylint: disable=protected-access
+    for name, value in model_overrides.items():
+        setattr(config.model, name, value)
+    model_config = model_lib.BertConfig.from_config(config.model)
+    model = model_lib.BertForPreTraining(model_config)
+    mesh = sharding_lib.create_mesh(config.mesh, jax.devices()[:1])
+    rules = sharding_lib.logical_rules(config.mesh)
+    tx, schedule = optim.create_optimizer(config.optim, config.train.num_steps)
+    batch = benchmark.synthetic_batch(4, 32, 5, model_config.vocab_size)
+    with jax.set_mesh(mesh):
+        state, shardings = train.create_train_state(model, tx, mesh, rules, jax.random.key(0), 32, 5)
+        step = train.jit_train_step(train.make_train_step(model, tx, schedule, rules, mesh), shardings, mesh, rules)
+        device_batch = sharding_lib.make_global_batch(batch, sharding_lib.batch_sharding(mesh, rules))
+        counts, notes = matmul_bound.collect_matmuls(step, state, device_batch, jax.random.key(1))
+    assert notes == []
+    return counts, model_config
+
+
+def test_train_step_matmuls_are_exactly_the_model_flops_and_remat_adds_the_recomputed_forward():
+    counts, config = _train_step_matmuls()
+    model_flops = model_lib.model_flops_per_sequence(config, 32, 5) * 4
+    assert _flops(counts) == model_flops  # the model-FLOPs formula counts exactly the products the step runs
+    scanned, _ = _train_step_matmuls(scan_layers=True)
+    assert _flops(scanned) == model_flops and sum(scanned.values()) == sum(counts.values())
+    tokens, d, layers = 4 * 32, config.hidden_size, config.num_layers
+    encoder_kernels = layers * (4 * d * d + 2 * d * config.intermediate_size)
+    # remat=full recomputes every layer's forward in the backward pass: its projections and attention products.
+    full, _ = _train_step_matmuls(remat="full")
+    assert _flops(full) - model_flops == 2 * encoder_kernels * tokens + 4 * layers * d * 32 * tokens
+    # remat=matmuls saves the projections (no batch axes) and recomputes only the attention's batched products.
+    saved, _ = _train_step_matmuls(remat="matmuls")
+    assert _flops(saved) - model_flops == 4 * layers * d * 32 * tokens

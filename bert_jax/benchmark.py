@@ -208,12 +208,13 @@ def benchmark_step(size: str, seq_length: int, batch_size: int, max_predictions:
             state, metrics = compiled(state, device_batch, step_rng)
             jax.block_until_ready(metrics)
             times.append(time.perf_counter() - start)
+        # Memory first: the peak is the step's, not that of the matmuls timed alone below.
+        memory = _memory_stats(compiled, devices[0])
         bound, skipped = None, ""
         if matmuls and len(devices) > 1:
             skipped = f"the step runs on {len(devices)} devices; the matmuls are timed alone on one"
         elif matmuls:
             bound = matmul_bound_lib.matmul_bound(step, state, device_batch, step_rng)
-    memory = _memory_stats(compiled, devices[0])
     del state
     median = statistics.median(times)
     flops = model_lib.model_flops_per_sequence(model_config, seq_length, max_predictions) * batch_size

@@ -13,6 +13,7 @@ in two forms: stock (MLM logits for every position, loss on the masked ones) and
 gathered masked positions only, as bert_jax does. TensorFlow is never imported; torch is optional.
 """
 
+import functools
 import importlib.util
 import os
 import resource
@@ -168,13 +169,15 @@ def _memory_stats(compiled, device) -> dict[str, float]:
 
 
 def benchmark_step(size: str, seq_length: int, batch_size: int, max_predictions: int, dtype: str, steps: int,
-                   warmup: int, devices=None, matmul: str = "auto", matmuls: bool = False) -> dict:
+                   warmup: int, devices=None, matmul: str = "auto", matmuls: bool = False,
+                   matmul_flops_per_s: float = 2e11) -> dict:
     """Compile time and median wall time of the real sharded train step (data parallel over `devices`, default all).
 
     Returns the timings, throughput, model FLOPs per step (model_flops_per_sequence * batch_size), the first and
     last step's loss, the memory figures, and the synthetic batch (for feeding another framework the same inputs).
     matmuls: also, after the steps, bert_jax.matmul_bound's account of the step's matmuls each timed alone
-    ("matmuls"; None, with "matmuls_skipped" saying why, on more than one device).
+    ("matmuls"; None, with "matmuls_skipped" saying why, on more than one device); matmul_flops_per_s, the rate
+    expected of one device (its measured ceiling), sizes the loops that time them.
     """
     devices = list(jax.devices() if devices is None else devices)
     if batch_size % len(devices):
@@ -214,7 +217,9 @@ def benchmark_step(size: str, seq_length: int, batch_size: int, max_predictions:
         if matmuls and len(devices) > 1:
             skipped = f"the step runs on {len(devices)} devices; the matmuls are timed alone on one"
         elif matmuls:
-            bound = matmul_bound_lib.matmul_bound(step, state, device_batch, step_rng)
+            timer = functools.partial(matmul_bound_lib.time_alone, device=devices[0],
+                                      flops_per_s=matmul_flops_per_s)
+            bound = matmul_bound_lib.matmul_bound(step, state, device_batch, step_rng, timer=timer)
     del state
     median = statistics.median(times)
     flops = model_lib.model_flops_per_sequence(model_config, seq_length, max_predictions) * batch_size
@@ -351,8 +356,9 @@ def matmul_bound_lines(results, ceiling: float, shapes: bool = False) -> list[st
     measured step, and the MFU the step would have if it took only that long (the most these kernels allow).
 
     Also sets result["matmul_s"] and result["mfu_matmul_bound"] (None where the bound was not measured)."""
-    lines = ["matmuls alone: every distinct matmul of the step compiled and timed on its own, the fastest of 3 "
-             "rounds' medians; bound = the sum over the step's matmuls; MFU bound = model FLOPs / bound / ceiling"]
+    lines = ["matmuls alone: every distinct matmul of the step compiled and timed on its own (short ones many times in "
+             "one compiled loop), the fastest of 3 rounds' medians; bound = the sum over the step's matmuls; "
+             "MFU bound = model FLOPs / bound / ceiling"]
     for result in results:
         bound = result.get("matmuls")
         result["matmul_s"] = result["mfu_matmul_bound"] = None
@@ -435,7 +441,7 @@ def run(sizes, seq_length: int, batch_size: int, max_predictions: int = 0, dtype
     results = []
     for size in sizes:
         results.append(benchmark_step(size, seq_length, batch_size, max_predictions, dtype_name, steps, warmup,
-                                      devices, matmul, matmuls != "off"))
+                                      devices, matmul, matmuls != "off", before["best"] / parallel))
         # Printed as each preset finishes: the table waits for the second ceiling measurement, and a later preset
         # that fails (out of memory, say) must not take this one's figures with it.
         print_fn(spread(f"{size} (jax)", results[-1]["step_times"]))

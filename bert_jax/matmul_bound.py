@@ -4,10 +4,11 @@ MFU against a measured matmul ceiling mixes two losses: the matmuls of the step 
 ceiling matmul (their shapes are smaller, thinner, or transposed), and time spent outside matmuls (elementwise work,
 reductions, the optimizer). This module separates them. It walks the jaxpr of a function (into jit, scan with its
 trip count, remat, custom-derivative calls and cond branches), collects every `dot_general` and every BLAS sgemm
-custom call (bert_jax.cpu_gemm), groups identical ones, and times each group's product alone on the default device,
-as its own jitted function, on random operands of the same shapes and dtypes:
+custom call (bert_jax.cpu_gemm), groups identical ones, and times each group's product alone on one device,
+as its own jitted function (a short one many times in one compiled loop), on random operands of the same shapes
+and dtypes:
 
-    bound = sum over groups of (count x median time alone)
+    bound = sum over groups of (count x time alone, the fastest of three rounds' medians)
 
 `bound` is the step time with everything but the matmuls removed and the matmuls running as fast as they do alone;
 model FLOPs / bound / ceiling is the most MFU those kernels allow. The shapes are the global (unsharded) ones, so the
@@ -28,11 +29,14 @@ from jax.extend import core as jax_core
 
 from bert_jax import cpu_gemm
 
-# Time spent timing each distinct matmul in each round, roughly: repeats are chosen so that one running at
-# `_ASSUMED_FLOPS_PER_S` takes about this long, within [_MIN_REPEATS, _MAX_REPEATS].
-_TARGET_SECONDS = 0.1
-_ASSUMED_FLOPS_PER_S = 2e11
-_MIN_REPEATS, _MAX_REPEATS = 5, 200
+# Each timed call runs a matmul `inner` times in one compiled loop, enough for about _CALL_SECONDS at the expected
+# rate (the measured ceiling where the caller knows it), so that dispatch from Python is a small part of the time
+# even for a matmul of microseconds; each round times about _ROUND_SECONDS of calls and keeps their median.
+_CALL_SECONDS = 2e-3
+_ROUND_SECONDS = 0.1
+_DEFAULT_FLOPS_PER_S = 2e11
+_MAX_INNER = 1000
+_MIN_CALLS, _MAX_CALLS = 5, 50
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +81,9 @@ class Matmul:
     def function(self):
         """The product alone, as a jittable function of (lhs, rhs)."""
         if self.kind == "sgemm":
+            reason = cpu_gemm.unavailable_reason()  # loads and registers the custom call
+            if reason:
+                raise RuntimeError(f"the step calls the BLAS sgemm, which cannot run here: {reason}")
             trans_a, trans_b = self.params
             return lambda lhs, rhs: cpu_gemm.sgemm(lhs, rhs, trans_a, trans_b)
         dimension_numbers, preferred = self.params
@@ -156,22 +163,44 @@ def _operand(key, shape, dtype):
     return jnp.ones(shape, dtype)
 
 
-def _repeats(matmul: Matmul) -> int:
-    repeats = int(_TARGET_SECONDS * _ASSUMED_FLOPS_PER_S / max(matmul.flops, 1))
-    return min(max(repeats, _MIN_REPEATS), _MAX_REPEATS)
+def _plan(matmul: Matmul, flops_per_s: float) -> tuple[int, int]:
+    """(products per call, calls per round) for a matmul expected to run at `flops_per_s`."""
+    seconds = max(matmul.flops, 1) / flops_per_s
+    inner = min(max(round(_CALL_SECONDS / seconds), 1), _MAX_INNER)
+    calls = min(max(int(_ROUND_SECONDS / (inner * seconds)), _MIN_CALLS), _MAX_CALLS)
+    return inner, calls
 
 
-def alone(matmul: Matmul, device=None):
-    """A function of no arguments that runs `matmul` once, alone (compiled on its own, operands already on the
-    device, compiled and run once here), and waits for it."""
+def alone(matmul: Matmul, inner: int = 1, device=None):
+    """A function of no arguments that runs `matmul` `inner` times, alone, in one compiled call (operands already on
+    the device; compiled and run once here), and waits for it."""
     device = device or jax.devices()[0]
     keys = jax.random.split(jax.random.key(0))
     with jax.default_device(device):
         lhs = _operand(keys[0], matmul.lhs_shape, matmul.lhs_dtype)
         rhs = _operand(keys[1], matmul.rhs_shape, matmul.rhs_dtype)
-    product = jax.jit(matmul.function())
-    product(lhs, rhs).block_until_ready()
-    return lambda: product(lhs, rhs).block_until_ready()
+    run = jax.jit(looped(matmul, inner))
+    run(lhs, rhs).block_until_ready()
+    return lambda: run(lhs, rhs).block_until_ready()
+
+
+def looped(matmul: Matmul, inner: int):
+    """f(lhs, rhs): the product computed `inner` times in a loop (the last one is returned); the plain product for 1.
+
+    The loop carries the left operand through an optimization barrier, so XLA can neither hoist the product out of
+    the loop nor drop all but the last one."""
+    product = matmul.function()
+    if inner == 1:
+        return product
+
+    def run(lhs, rhs):
+        def body(_, carry):
+            lhs = lax.optimization_barrier(carry[0])
+            return lhs, product(lhs, rhs)
+        out = jax.eval_shape(product, lhs, rhs)
+        return lax.fori_loop(0, inner, body, (lhs, jnp.zeros(out.shape, out.dtype)))[1]
+
+    return run
 
 
 def median_seconds(run, repeats: int) -> float:
@@ -183,14 +212,17 @@ def median_seconds(run, repeats: int) -> float:
     return statistics.median(times)
 
 
-def time_alone(matmuls, rounds: int = 3, device=None) -> list[float]:
-    """Seconds of one call of each matmul alone: the fastest of `rounds` medians, the rounds going over every matmul
-    in turn, so that a moment's slowdown of a shared host lands on one round and not on one matmul."""
-    runs = [alone(matmul, device) for matmul in matmuls]
+def time_alone(matmuls, rounds: int = 3, device=None, flops_per_s: float = _DEFAULT_FLOPS_PER_S) -> list[float]:
+    """Seconds of one product of each matmul alone: the fastest of `rounds` medians (each call runs the product
+    several times in a compiled loop, see _plan), the rounds going over every matmul in turn, so that a moment's
+    slowdown of a shared host lands on one round and not on one matmul. `flops_per_s`: the rate expected (the
+    measured ceiling), which only sizes the loops."""
+    plans = [_plan(matmul, flops_per_s) for matmul in matmuls]
+    runs = [alone(matmul, inner, device) for matmul, (inner, _) in zip(matmuls, plans)]
     best = [float("inf")] * len(runs)
     for _ in range(rounds):
-        for index, (matmul, run) in enumerate(zip(matmuls, runs)):
-            best[index] = min(best[index], median_seconds(run, _repeats(matmul)))
+        for index, (run, (inner, calls)) in enumerate(zip(runs, plans)):
+            best[index] = min(best[index], median_seconds(run, calls) / inner)
     return best
 
 

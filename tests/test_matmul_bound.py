@@ -81,8 +81,39 @@ def test_time_alone_keeps_the_fastest_round_of_each_matmul(monkeypatch):
     # Rounds go over every matmul in turn: small, large, small, large, small, large.
     medians = iter([0.5, 2.0, 0.3, 3.0, 0.4, 1.0])
     monkeypatch.setattr(matmul_bound, "median_seconds", lambda run, repeats: next(medians))
-    assert matmul_bound.time_alone([small, large], rounds=3) == [0.3, 1.0]
+    # At 1 FLOP/s each product is expected to take longer than a call should: one product per call.
+    assert matmul_bound.time_alone([small, large], rounds=3, flops_per_s=1.0) == [0.3, 1.0]
     assert next(medians, None) is None
+    # At the default rate these products take nanoseconds: each call runs the most products a call may (a median of
+    # 2 s per call is 2 ms per product).
+    inner, _ = matmul_bound._plan(small, 2e11)  # pylint: disable=protected-access
+    assert inner == matmul_bound._MAX_INNER  # pylint: disable=protected-access
+    medians = iter([2.0] * 6)
+    assert matmul_bound.time_alone([small, large], rounds=3) == [2.0 / inner] * 2
+
+
+def test_a_call_runs_enough_products_for_its_share_of_time():
+    plan = matmul_bound._plan  # pylint: disable=protected-access
+    big = matmul_bound.Matmul("dot_general", (1024, 768), "float32", (768, 3072), "float32",
+                              ((((1,), (0,)), ((), ())), None))
+    assert big.flops == 2 * 1024 * 768 * 3072
+    # 4.8 GFLOP at 0.2 TFLOP/s is 24 ms, longer than a call's 2 ms: one product a call, 5 calls (the fewest).
+    assert plan(big, 2e11) == (1, 5)
+    # At 0.5 PFLOP/s it is 9.664 us: 207 products a call (2 ms), and 49 calls (0.1 s / 2.0004 ms, rounded down).
+    assert plan(big, 5e14) == (207, 49)
+    # At 5 PFLOP/s a call holds 2070 products, above the most (1000); still 50 calls at most.
+    assert plan(big, 5e15) == (1000, 50)
+
+
+def test_products_run_in_a_compiled_loop_equal_the_product():
+    dot = matmul_bound.Matmul("dot_general", (3, 4), "float32", (4, 5), "float32", ((((1,), (0,)), ((), ())), None))
+    keys = jax.random.split(jax.random.key(0))
+    lhs, rhs = jax.random.normal(keys[0], (3, 4)), jax.random.normal(keys[1], (4, 5))
+    looped = jax.jit(matmul_bound.looped(dot, 7))
+    np.testing.assert_allclose(looped(lhs, rhs), lhs @ rhs, rtol=1e-6)
+    # The product stays inside the loop (the barrier keeps XLA from hoisting it out): the loop is compiled.
+    assert "while(" in looped.lower(lhs, rhs).compile().as_text()
+    matmul_bound.alone(dot, inner=7)()  # compiles, runs and waits
 
 
 def test_bound_is_the_sum_of_count_times_the_time_alone():

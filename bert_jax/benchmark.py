@@ -371,8 +371,11 @@ def matmul_bound_lines(results, ceiling: float, shapes: bool = False) -> list[st
             f"{result['size']}: {bound['calls']} matmuls ({len(bound['groups'])} distinct), "
             f"{bound['flops'] / 1e9:.1f} GFLOP, alone {bound['seconds']:.4f} s "
             f"({bound['flops'] / bound['seconds'] / 1e12:.3f} TFLOP/s), {bound['seconds'] / result['step_s']:.1%} of "
-            f"the {result['step_s']:.4f} s step; the other {result['step_s'] - bound['seconds']:.4f} s is work outside "
-            f"the matmuls and matmuls running slower than alone; MFU bound {result['mfu_matmul_bound']:.1%}"
+            f"the {result['step_s']:.4f} s step; "
+            + (f"the other {result['step_s'] - bound['seconds']:.4f} s is work outside the matmuls and matmuls "
+               "running slower than alone" if bound["seconds"] <= result["step_s"] else
+               "longer than the step: the host was slower while they were timed than during the steps")
+            + f"; MFU bound {result['mfu_matmul_bound']:.1%}"
             + "".join(f"; note: {note}" for note in bound["notes"]))
         if shapes:
             lines.extend(f"  {matmul_bound_lib.group_line(group, ceiling)}" for group in bound["groups"])
@@ -472,8 +475,9 @@ def run(sizes, seq_length: int, batch_size: int, max_predictions: int = 0, dtype
         print_fn(step_table_row(result, ceiling, peak))
     print_fn(f"XLA GiB: the compiled step's arguments + outputs - donated + temporaries, per device; "
              f"peak GiB: {results[0]['peak_kind'] if results else ''}")
+    bound_lines = matmul_bound_lines(results, ceiling, shapes=matmuls == "shapes")  # sets the fields either way
     if matmuls != "off":
-        for line in matmul_bound_lines(results, ceiling, shapes=matmuls == "shapes"):
+        for line in bound_lines:
             print_fn(line)
 
     if not compare_torch:

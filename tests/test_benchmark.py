@@ -151,3 +151,21 @@ def test_mfu_is_against_the_higher_of_the_ceilings_measured_before_and_after_the
     step_row = lines[lines.index(next(line for line in lines if line.startswith("preset"))) + 1]
     assert "50.0%" in step_row.split()
     assert "tiny (jax): step s min 0.4000 / median 0.5000 / max 0.7000 over 3 steps" in lines
+    # The fake step timed no matmuls: the fields are there, empty, and the line says so.
+    assert result["matmul_s"] is None and result["mfu_matmul_bound"] is None
+    assert "tiny: matmuls alone not measured: off" in lines
+
+
+def test_matmul_bound_line_says_when_the_matmuls_alone_took_longer_than_the_step():
+    group = {"matmul": matmul_bound.Matmul("dot_general", (2, 3), "float32", (3, 4), "float32",
+                                           ((((1,), (0,)), ((), ())), None)), "count": 4, "seconds": 0.5, "flops": 48}
+    result = {"size": "tiny", "step_s": 1.5, "flops_per_step": 192,
+              "matmuls": {"seconds": 2.0, "flops": 192, "calls": 4, "groups": [group], "notes": []}}
+    header, line = benchmark.matmul_bound_lines([result], ceiling=100.0)
+    assert header.startswith("matmuls alone:")
+    assert "alone 2.0000 s" in line and "133.3% of the 1.5000 s step" in line
+    assert "longer than the step: the host was slower while they were timed" in line
+    assert result["matmul_s"] == 2.0 and result["mfu_matmul_bound"] == pytest.approx(192 / 2.0 / 100.0)
+    result["step_s"] = 2.5
+    line = benchmark.matmul_bound_lines([result], ceiling=100.0)[1]
+    assert "the other 0.5000 s is work outside the matmuls" in line and "MFU bound 96.0%" in line

@@ -90,21 +90,15 @@ def peak_rss_bytes() -> int:
     return peak if sys.platform == "darwin" else peak * 1024
 
 
-def matmul_ceiling(size: int, dtype, repeats: int = 10, product=None) -> float:
+def matmul_ceiling(size: int, dtype, repeats: int = 10, blas: bool = False) -> float:
     """Measured FLOP/s of one square matmul on the first device: the practical ceiling for this dtype.
 
-    `product`: the matmul to time (default XLA's `x @ y`; bert_jax.cpu_gemm.matmul for the BLAS custom call)."""
-    keys = jax.random.split(jax.random.key(0))
-    a = jax.random.normal(keys[0], (size, size), dtype)
-    b = jax.random.normal(keys[1], (size, size), dtype)
-    matmul = jax.jit(product or (lambda x, y: x @ y))
-    matmul(a, b).block_until_ready()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        matmul(a, b).block_until_ready()
-        times.append(time.perf_counter() - start)
-    return 2 * size ** 3 / statistics.median(times)
+    XLA's dot, or with `blas` the BLAS sgemm custom call (bert_jax.cpu_gemm); timed as bert_jax.matmul_bound times
+    the step's own matmuls (operands on the device, compiled once, the median of `repeats` calls)."""
+    name = jnp.dtype(dtype).name
+    square = matmul_bound_lib.Matmul("sgemm" if blas else "dot_general", (size, size), name, (size, size), name,
+                                     (False, False) if blas else ((((1,), (0,)), ((), ())), None))
+    return square.flops / matmul_bound_lib.median_seconds(matmul_bound_lib.alone(square), repeats)
 
 
 def synthetic_batch(batch_size: int, seq_length: int, max_predictions: int, vocab_size: int,
@@ -351,22 +345,27 @@ def step_table_row(result: dict, ceiling: float, peak: float) -> str:
     return _row(values, _widths(STEP_COLUMNS))
 
 
+def add_matmul_bound_fields(result: dict, ceiling: float) -> None:
+    """result["matmul_s"]: the step's matmuls alone (s); result["mfu_matmul_bound"]: model FLOPs / that / ceiling.
+    Both None where the bound was not measured."""
+    bound = result.get("matmuls")
+    result["matmul_s"] = bound["seconds"] if bound else None
+    result["mfu_matmul_bound"] = result["flops_per_step"] / bound["seconds"] / ceiling if bound else None
+
+
 def matmul_bound_lines(results, ceiling: float, shapes: bool = False) -> list[str]:
     """The step's matmuls each timed alone (bert_jax.matmul_bound), per preset: their total time, its share of the
     measured step, and the MFU the step would have if it took only that long (the most these kernels allow).
 
-    Also sets result["matmul_s"] and result["mfu_matmul_bound"] (None where the bound was not measured)."""
+    Reads result["matmul_s"] and result["mfu_matmul_bound"] (see `add_matmul_bound_fields`)."""
     lines = ["matmuls alone: every distinct matmul of the step compiled and timed on its own (short ones many times in "
              "one compiled loop), the fastest of 3 rounds' medians; bound = the sum over the step's matmuls; "
              "MFU bound = model FLOPs / bound / ceiling"]
     for result in results:
         bound = result.get("matmuls")
-        result["matmul_s"] = result["mfu_matmul_bound"] = None
         if bound is None:
             lines.append(f"{result['size']}: matmuls alone not measured: {result.get('matmuls_skipped') or 'off'}")
             continue
-        result["matmul_s"] = bound["seconds"]
-        result["mfu_matmul_bound"] = result["flops_per_step"] / bound["seconds"] / ceiling
         lines.append(
             f"{result['size']}: {bound['calls']} matmuls ({len(bound['groups'])} distinct), "
             f"{bound['flops'] / 1e9:.1f} GFLOP, alone {bound['seconds']:.4f} s "
@@ -426,7 +425,7 @@ def run(sizes, seq_length: int, batch_size: int, max_predictions: int = 0, dtype
 
     def measure_ceiling() -> dict:
         xla = matmul_ceiling(matmul_size, jnp.dtype(dtype)) * parallel
-        blas = matmul_ceiling(matmul_size, jnp.dtype(dtype), product=cpu_gemm.matmul) if with_blas else 0.0
+        blas = matmul_ceiling(matmul_size, jnp.dtype(dtype), blas=True) if with_blas else 0.0
         return {"xla": xla, "blas": blas, "best": max(xla, blas)}
 
     # Measured before and again after the steps; MFU is taken against the higher of the two. On a shared host a
@@ -472,12 +471,12 @@ def run(sizes, seq_length: int, batch_size: int, max_predictions: int = 0, dtype
         result["ceiling_after_flops_per_s"] = after["best"]
         result["mfu_ceiling"] = result["model_flops_per_s"] / ceiling
         result["mfu_peak"] = result["model_flops_per_s"] / peak if peak else None
+        add_matmul_bound_fields(result, ceiling)
         print_fn(step_table_row(result, ceiling, peak))
     print_fn(f"XLA GiB: the compiled step's arguments + outputs - donated + temporaries, per device; "
              f"peak GiB: {results[0]['peak_kind'] if results else ''}")
-    bound_lines = matmul_bound_lines(results, ceiling, shapes=matmuls == "shapes")  # sets the fields either way
     if matmuls != "off":
-        for line in bound_lines:
+        for line in matmul_bound_lines(results, ceiling, shapes=matmuls == "shapes"):
             print_fn(line)
 
     if not compare_torch:

@@ -91,10 +91,6 @@ class Matmul:
         return lambda lhs, rhs: lax.dot_general(lhs, rhs, dimension_numbers, preferred_element_type=preferred)
 
 
-def _as_tuple(value):
-    return tuple(_as_tuple(item) for item in value) if isinstance(value, (tuple, list)) else value
-
-
 def _matmul_of(eqn) -> Matmul | None:
     name = eqn.primitive.name
     if name == "dot_general":
@@ -102,7 +98,7 @@ def _matmul_of(eqn) -> Matmul | None:
         preferred = eqn.params.get("preferred_element_type")
         return Matmul("dot_general", tuple(lhs.shape), jnp.dtype(lhs.dtype).name, tuple(rhs.shape),
                       jnp.dtype(rhs.dtype).name,
-                      (_as_tuple(eqn.params["dimension_numbers"]),
+                      (eqn.params["dimension_numbers"],
                        None if preferred is None else jnp.dtype(preferred).name))
     if name == "ffi_call" and eqn.params.get("target_name") == cpu_gemm.TARGET_NAME:
         lhs, rhs = (var.aval for var in eqn.invars)

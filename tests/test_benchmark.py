@@ -161,6 +161,7 @@ def test_matmul_bound_line_says_when_the_matmuls_alone_took_longer_than_the_step
                                            ((((1,), (0,)), ((), ())), None)), "count": 4, "seconds": 0.5, "flops": 48}
     result = {"size": "tiny", "step_s": 1.5, "flops_per_step": 192,
               "matmuls": {"seconds": 2.0, "flops": 192, "calls": 4, "groups": [group], "notes": []}}
+    benchmark.add_matmul_bound_fields(result, ceiling=100.0)
     header, line = benchmark.matmul_bound_lines([result], ceiling=100.0)
     assert header.startswith("matmuls alone:")
     assert "alone 2.0000 s" in line and "133.3% of the 1.5000 s step" in line

@@ -105,13 +105,29 @@ def pretraining_loss(outputs, batch, mlm_denominator, nsp_denominator):
     mlm_logits = outputs["mlm_logits"]
     mlm_xent = optax.softmax_cross_entropy_with_integer_labels(mlm_logits, batch["masked_lm_ids"])
     mlm_loss = jnp.sum(weights * mlm_xent) / mlm_denominator
-    mlm_correct = jnp.sum(weights * (jnp.argmax(mlm_logits, -1) == batch["masked_lm_ids"]))
+    mlm_correct = jnp.sum(weights * argmax_matches(mlm_logits, batch["masked_lm_ids"]))
     nsp_xent, nsp_correct = _nsp_terms(outputs["nsp_logits"], batch)
     nsp_loss = jnp.sum(nsp_xent) / nsp_denominator
     nsp_correct = jnp.sum(nsp_correct)
     metrics = {"loss": mlm_loss + nsp_loss, "mlm_loss": mlm_loss, "nsp_loss": nsp_loss,
                "mlm_accuracy": mlm_correct / mlm_denominator, "nsp_accuracy": nsp_correct / nsp_denominator}
     return mlm_loss + nsp_loss, metrics
+
+
+def argmax_matches(logits, labels):
+    """`jnp.argmax(logits, -1) == labels` (ties to the first maximum, as argmax), without an argmax.
+
+    The label's logit is gathered, and a label matches when every earlier logit is below it and every later one at
+    most equal to it: one single-output reduction over a comparison. XLA:CPU emits argmax as a variadic (value,
+    index) reduction that does not vectorise; over BERT's [batch, predictions, 30522] MLM logits it took 11 ms of
+    the step, this 1.1-1.6 ms. A label outside [0, vocabulary) never matches; one whose own logit is NaN does not
+    match either, where argmax would call it the maximum if it is the first NaN.
+    """
+    labels = labels.astype(jnp.int32)
+    label_logit = jnp.take_along_axis(logits, labels[..., None], axis=-1, mode="clip")
+    index = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
+    at_most = jnp.where(index < labels[..., None], logits < label_logit, logits <= label_logit)
+    return jnp.all(at_most, axis=-1) & (labels >= 0) & (labels < logits.shape[-1])
 
 
 def _nsp_terms(nsp_logits, batch):
@@ -218,7 +234,7 @@ def make_eval_step(model: nn.Module, rules):
         _, nsp_count = batch_denominators(batch)
         return {
             "mlm_loss_sum": jnp.sum(weights * mlm_xent),
-            "mlm_correct": jnp.sum(weights * (jnp.argmax(outputs["mlm_logits"], -1) == batch["masked_lm_ids"])),
+            "mlm_correct": jnp.sum(weights * argmax_matches(outputs["mlm_logits"], batch["masked_lm_ids"])),
             "mlm_weight": jnp.sum(weights),
             "nsp_loss_sum": jnp.sum(nsp_xent),
             "nsp_correct": jnp.sum(nsp_correct).astype(jnp.float32),

@@ -73,6 +73,34 @@ def test_train_step_reports_every_metric():
     assert int(state.step) == 1
 
 
+def test_argmax_matches_equals_argmax_with_ties_and_bad_labels():
+    rng = np.random.default_rng(0)
+    # Small integer logits: most rows have several maxima, so ties (first maximum wins) are exercised.
+    logits = rng.integers(0, 4, size=(3, 7, 50)).astype(np.float32)
+    first = logits.argmax(-1)
+    last = logits.shape[-1] - 1 - logits[..., ::-1].argmax(-1)
+    labels = np.where(rng.random(first.shape) < 0.5, first, rng.integers(0, 50, size=first.shape))
+    for candidate in (labels, first, last, np.full_like(first, -1), np.full_like(first, 50)):
+        got = np.asarray(jax.jit(train.argmax_matches)(logits, candidate.astype(np.int32)))
+        np.testing.assert_array_equal(got, first == candidate)
+    assert (last != first).any() and labels.dtype.kind == "i"
+    # The MLM accuracy the step reports uses it: the same as argmax on a random model's real logits.
+    config = helpers.tiny_config()
+    model = model_lib.BertForPreTraining(model_lib.BertConfig.from_config(config.model))
+    batch = _batch(config)
+    inputs = {k: batch[k] for k in ("input_ids", "input_mask", "segment_ids", "masked_lm_positions")}
+    params = model.init(jax.random.key(0), **inputs, deterministic=True)["params"]
+    outputs = model.apply({"params": params}, **inputs, deterministic=True)
+    predicted = np.asarray(outputs["mlm_logits"]).argmax(-1)
+    labels = np.asarray(batch["masked_lm_ids"])
+    batch = {**batch, "masked_lm_ids": np.where(np.arange(labels.shape[1]) % 2 == 0, predicted, labels)}
+    _, metrics = train.pretraining_loss(outputs, batch, 1.0, 1.0)
+    weights = np.asarray(batch["masked_lm_weights"], np.float32)
+    expected = np.sum(weights * (predicted == batch["masked_lm_ids"]))
+    assert expected >= 2
+    assert float(metrics["mlm_accuracy"]) == pytest.approx(expected, abs=1e-6)
+
+
 def test_gradient_accumulation_equals_the_whole_batch():
     config = helpers.tiny_config((2, 1, 1))
     batch = _batch(config)

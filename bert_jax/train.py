@@ -119,8 +119,8 @@ def argmax_matches(logits, labels):
 
     The label's logit is gathered, and a label matches when every earlier logit is below it and every later one at
     most equal to it: one single-output reduction over a comparison. XLA:CPU emits argmax as a variadic (value,
-    index) reduction that does not vectorise; over BERT's [batch, predictions, 30522] MLM logits it took 11 ms of
-    the step, this 1.1-1.6 ms. A label outside [0, vocabulary) never matches; one whose own logit is NaN does not
+    index) reduction that does not vectorise: over BERT-base's [8, 20, 30522] MLM logits it took 11 ms alone (15 ms
+    in a traced step), this 1.1-1.6 ms. A label outside [0, vocabulary) never matches; one whose own logit is NaN does not
     match either, where argmax would call it the maximum if it is the first NaN.
     """
     labels = labels.astype(jnp.int32)

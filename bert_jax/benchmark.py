@@ -164,7 +164,7 @@ def _memory_stats(compiled, device) -> dict[str, float]:
 
 def benchmark_step(size: str, seq_length: int, batch_size: int, max_predictions: int, dtype: str, steps: int,
                    warmup: int, devices=None, matmul: str = "auto", matmuls: bool = False,
-                   matmul_flops_per_s: float = 2e11) -> dict:
+                   matmul_flops_per_s: float = matmul_bound_lib.DEFAULT_FLOPS_PER_S) -> dict:
     """Compile time and median wall time of the real sharded train step (data parallel over `devices`, default all).
 
     Returns the timings, throughput, model FLOPs per step (model_flops_per_sequence * batch_size), the first and

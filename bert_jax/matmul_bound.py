@@ -34,7 +34,7 @@ from bert_jax import cpu_gemm
 # even for a matmul of microseconds; each round times about _ROUND_SECONDS of calls and keeps their median.
 _CALL_SECONDS = 2e-3
 _ROUND_SECONDS = 0.1
-_DEFAULT_FLOPS_PER_S = 2e11
+DEFAULT_FLOPS_PER_S = 2e11  # the rate assumed when the caller has not measured one
 _MAX_INNER = 1000
 _MIN_CALLS, _MAX_CALLS = 5, 50
 
@@ -208,7 +208,7 @@ def median_seconds(run, repeats: int) -> float:
     return statistics.median(times)
 
 
-def time_alone(matmuls, rounds: int = 3, device=None, flops_per_s: float = _DEFAULT_FLOPS_PER_S) -> list[float]:
+def time_alone(matmuls, rounds: int = 3, device=None, flops_per_s: float = DEFAULT_FLOPS_PER_S) -> list[float]:
     """Seconds of one product of each matmul alone: the fastest of `rounds` medians (each call runs the product
     several times in a compiled loop, see _plan), the rounds going over every matmul in turn, so that a moment's
     slowdown of a shared host lands on one round and not on one matmul. `flops_per_s`: the rate expected (the

@@ -167,7 +167,9 @@ def benchmark_step(size: str, seq_length: int, batch_size: int, max_predictions:
                    matmul_flops_per_s: float = matmul_bound_lib.DEFAULT_FLOPS_PER_S) -> dict:
     """Compile time and median wall time of the real sharded train step (data parallel over `devices`, default all).
 
-    Returns the timings, throughput, model FLOPs per step (model_flops_per_sequence * batch_size), the first and
+    Returns the timings, throughput, model FLOPs per step (model_flops_per_sequence * batch_size) and the matmul
+    FLOPs the step executes (step_matmul_flops_per_sequence * batch_size: fewer, the last layer runs at the rows
+    the heads read), the first and
     last step's loss, the memory figures, and the synthetic batch (for feeding another framework the same inputs).
     matmuls: also, after the steps, bert_jax.matmul_bound's account of the step's matmuls each timed alone
     ("matmuls"; None, with "matmuls_skipped" saying why, on more than one device); matmul_flops_per_s, the rate
@@ -217,10 +219,12 @@ def benchmark_step(size: str, seq_length: int, batch_size: int, max_predictions:
     del state
     median = statistics.median(times)
     flops = model_lib.model_flops_per_sequence(model_config, seq_length, max_predictions) * batch_size
+    executed = model_lib.step_matmul_flops_per_sequence(model_config, seq_length, max_predictions) * batch_size
     return {"size": size, "seq_length": seq_length, "batch_size": batch_size, "max_predictions": max_predictions,
             "dtype": dtype, "num_devices": len(devices), "compile_s": compile_seconds, "step_s": median,
             "step_times": times, "seq_per_s": batch_size / median, "tokens_per_s": batch_size * seq_length / median,
-            "flops_per_step": flops, "model_flops_per_s": flops / median, "loss": first_loss,
+            "flops_per_step": flops, "model_flops_per_s": flops / median, "executed_flops_per_step": executed,
+            "loss": first_loss,
             "last_loss": float(metrics["loss"]),
             "batch": batch, "model_config": model_config, "matmuls": bound, "matmuls_skipped": skipped, **memory}
 
@@ -366,9 +370,11 @@ def matmul_bound_lines(results, ceiling: float, shapes: bool = False) -> list[st
         if bound is None:
             lines.append(f"{result['size']}: matmuls alone not measured: {result.get('matmuls_skipped') or 'off'}")
             continue
+        executed_rate = bound["flops"] / result["step_s"] / ceiling
         lines.append(
             f"{result['size']}: {bound['calls']} matmuls ({len(bound['groups'])} distinct), "
-            f"{bound['flops'] / 1e9:.1f} GFLOP, alone {bound['seconds']:.4f} s "
+            f"{bound['flops'] / 1e9:.1f} GFLOP executed ({bound['flops'] / result['flops_per_step']:.1%} of the "
+            f"model FLOPs; executed FLOP/s {executed_rate:.1%} of the ceiling), alone {bound['seconds']:.4f} s "
             f"({bound['flops'] / bound['seconds'] / 1e12:.3f} TFLOP/s), {bound['seconds'] / result['step_s']:.1%} of "
             f"the {result['step_s']:.4f} s step; "
             + (f"the other {result['step_s'] - bound['seconds']:.4f} s is work outside the matmuls and matmuls "
@@ -463,7 +469,9 @@ def run(sizes, seq_length: int, batch_size: int, max_predictions: int = 0, dtype
              + f"; model.matmul={matmul}; nominal bf16 peak: "
              + (f"{peak / 1e12:.0f} TFLOP/s" if peak else "unknown for this device (MFU peak: n/a)"))
     print_fn(f"model FLOPs: 6*N*T + 12*L*d*T^2 + MLM head at {max_predictions} masked positions (+ pooler/NSP), "
-             "N = encoder matmul parameters; MFU ceil = model FLOP/s / measured ceiling")
+             "N = encoder matmul parameters, every token through every layer; MFU ceil = model FLOP/s / measured "
+             "ceiling. The step executes fewer: the last layer computes only the [CLS] and masked rows the heads "
+             "read (unrolled layers; see the matmuls line)")
     print_fn(_row(STEP_COLUMNS, _widths(STEP_COLUMNS)))
     for result in results:
         result["ceiling_flops_per_s"] = ceiling

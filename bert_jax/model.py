@@ -137,6 +137,23 @@ def model_flops_per_sequence(config: BertConfig, seq_length: int, max_prediction
     return float(encoder + mlm_head + pooler_and_nsp)
 
 
+def step_matmul_flops_per_sequence(config: BertConfig, seq_length: int, max_predictions: int) -> float:
+    """The matmul FLOPs the pretraining train step executes for one (unpacked) sequence.
+
+    model_flops_per_sequence counts every token through every layer, the standard model-FLOPs figure. The train
+    step asks for the heads only (BertForPreTraining with sequence_output=False), so an unrolled model's last layer
+    computes just the rows the heads read, [CLS] and the masked positions: each other row skips, forward and
+    backward, its query and output projections, feed-forward and attention over seq_length keys. Scanned layers
+    (config.scan_layers) compute every row.
+    """
+    flops = model_flops_per_sequence(config, seq_length, max_predictions)
+    if config.scan_layers:
+        return flops
+    h = config.hidden_size
+    skipped_rows = max(seq_length - 1 - max_predictions, 0)
+    return flops - skipped_rows * 12 * h * (h + config.intermediate_size + seq_length)
+
+
 def _kernel_init(config: BertConfig, names):
     return nn.with_logical_partitioning(nn.initializers.truncated_normal(config.initializer_range), names)
 
@@ -196,26 +213,36 @@ def threefry2x32(key0, key1, x0, x1):
     return x0, x1
 
 
-def _dropout_halves(rng, shape):
+def _dropout_halves(rng, shape, rows=None):
     """Uniform uint16 values of `shape` (last axis a multiple of 4): one threefry call per four of them.
 
     Element [..., 4j + i] takes 16-bit half i of the two words threefry(key, (0, c)) returns for counter c, the
     row-major index of [..., j]. Counters come from iotas in the mask's own shape (no flat array), so under a mesh
-    each device hashes only its shard, and the values do not depend on the sharding.
+    each device hashes only its shard, and the values do not depend on the sharding. `rows`: see dropout_keep_mask.
     """
     key0, key1 = (word.astype(jnp.uint32) for word in jax.random.key_data(rng).reshape(-1)[:2])
     quarter = (*shape[:-1], shape[-1] // 4)
     counter = jnp.zeros(quarter, jnp.uint32)
     stride = 1
     for axis in reversed(range(len(quarter))):
-        counter = counter + jax.lax.broadcasted_iota(jnp.uint32, quarter, axis) * jnp.uint32(stride)
-        stride *= quarter[axis]
+        if rows is not None and axis == rows[0]:
+            index, size = _row_index(rows, len(quarter)).astype(jnp.uint32), rows[2]
+        else:
+            index, size = jax.lax.broadcasted_iota(jnp.uint32, quarter, axis), quarter[axis]
+        counter = counter + index * jnp.uint32(stride)
+        stride *= size
     words = threefry2x32(key0, key1, jnp.zeros(quarter, jnp.uint32), counter)
     halves = [jax.lax.bitcast_convert_type(word, jnp.uint16) for word in words]  # each [..., n/4, 2]
     return jnp.concatenate(halves, axis=-1).reshape(shape)
 
 
-def dropout_keep_mask(rng, shape, rate: float):
+def _row_index(rows, ndim: int):
+    """The `rows` positions of dropout_keep_mask with trailing unit axes: broadcastable to an ndim-array."""
+    axis, positions, _ = rows
+    return positions.reshape(*positions.shape, *(1,) * (ndim - axis - 1))
+
+
+def dropout_keep_mask(rng, shape, rate: float, rows=None):
     """A boolean keep mask with P(keep) = 1 - round(rate * 2^16) / 2^16, and that probability (a Python float).
 
     jax.random.bernoulli hashes a 32-bit threefry word per element and converts it to a float; on XLA:CPU that was
@@ -223,29 +250,43 @@ def dropout_keep_mask(rng, shape, rate: float):
     each, and the hash is fused with the comparison (see `threefry2x32`). The rate is realised to 1/65536
     (0.1 -> 0.100006), and callers scale by the realised keep probability, so dropout stays exactly unbiased.
     Keys of another PRNG implementation, or a last axis that is not a multiple of 4, use jax.random.bits.
+
+    `rows` = (axis, positions, size): the mask is some rows of a larger one, whose `axis` (not the last) has `size`
+    entries, of which element i along `axis` is row `positions[..., i]` (an integer array of shape[:axis + 1], unit
+    axes allowed). The values equal those of the larger mask at those rows, so a layer evaluated at a few positions
+    drops exactly what it drops evaluated at all of them (the hash is per element: nothing else is computed).
     """
     threshold = int(round(rate * 2 ** DROPOUT_BITS))
     keep_probability = 1.0 - threshold / 2 ** DROPOUT_BITS
-    size = int(np.prod(shape))
+    if rows is not None and not 0 <= rows[0] < len(shape) - 1:
+        raise ValueError(f"dropout_keep_mask: rows axis {rows[0]} must index one of the leading axes of {shape}")
+    full_shape = shape if rows is None else (*shape[:rows[0]], rows[2], *shape[rows[0] + 1:])
+    size = int(np.prod(full_shape))
     if size and shape[-1] % 4 == 0 and size // 4 < 2 ** 32 and jax.random.key_data(rng).shape == (2,):
-        halves = _dropout_halves(rng, shape)
+        halves = _dropout_halves(rng, shape, rows)
     else:
-        halves = (jax.random.bits(rng, shape, jnp.uint32) >> 16).astype(jnp.uint16)
+        halves = (jax.random.bits(rng, full_shape, jnp.uint32) >> 16).astype(jnp.uint16)
+        if rows is not None:
+            index = jnp.broadcast_to(_row_index(rows, len(shape)), shape).astype(jnp.int32)
+            halves = jnp.take_along_axis(halves, index, axis=rows[0])
     return halves >= threshold, keep_probability
 
 
 class Dropout(nn.Module):
-    """Inverted dropout (as flax.linen.Dropout, 'dropout' RNG stream) with a cheaper random mask: dropout_keep_mask."""
+    """Inverted dropout (as flax.linen.Dropout, 'dropout' RNG stream) with a cheaper random mask: dropout_keep_mask.
+
+    `rows`: x holds some rows of the activation the layer would drop at all positions (dropout_keep_mask's `rows`).
+    """
 
     rate: float
 
     @nn.compact
-    def __call__(self, x, deterministic: bool):
+    def __call__(self, x, deterministic: bool, rows=None):
         if deterministic or self.rate == 0.0:
             return x
         if self.rate >= 1.0:
             return jnp.zeros_like(x)
-        keep, keep_probability = dropout_keep_mask(self.make_rng("dropout"), x.shape, self.rate)
+        keep, keep_probability = dropout_keep_mask(self.make_rng("dropout"), x.shape, self.rate, rows)
         return jnp.where(keep, x * jnp.asarray(1.0 / keep_probability, x.dtype), jnp.zeros((), x.dtype))
 
 
@@ -524,6 +565,24 @@ def fused_attention(implementation: str, query, key, value, attention_mask):
                                         implementation="xla")
 
 
+def gather_rows(x, positions):
+    """x[b, positions[b, i]]: [batch, length, ...] -> [batch, rows, ...]."""
+    index = positions.astype(jnp.int32).reshape(*positions.shape, *(1,) * (x.ndim - 2))
+    return jnp.take_along_axis(x, index, axis=1)
+
+
+def _query_rows_mask(attention_mask, query_positions):
+    """The attention mask for queries at `query_positions` only (keys: every row): a padding mask ([batch, key]) is
+    unchanged; a SegmentMask or a full mask becomes the boolean [batch, 1 or heads, rows, key] mask of those rows."""
+    if _is_padding_mask(attention_mask):
+        return attention_mask
+    if isinstance(attention_mask, SegmentMask):
+        ids = attention_mask.ids
+        return (gather_rows(ids, query_positions)[:, :, None] == ids[:, None, :])[:, None, :, :]
+    full = _full_attention_mask(attention_mask)
+    return jnp.take_along_axis(full, query_positions.astype(jnp.int32)[:, None, :, None], axis=2)
+
+
 class BertSelfAttention(nn.Module):
     """Multi-head self-attention with the padding (or any boolean) mask, followed by the output projection.
 
@@ -535,22 +594,28 @@ class BertSelfAttention(nn.Module):
     config: BertConfig
 
     @nn.compact
-    def __call__(self, x, attention_mask, deterministic: bool):
+    def __call__(self, x, attention_mask, deterministic: bool, query_positions=None):
+        """`query_positions` ([batch, queries] int): attend from those rows of x only (keys and values are still every
+        row); the output is then [batch, queries, hidden], equal to the full output's rows at those positions."""
         config = self.config
         batch, length, _ = x.shape
+        queries = x if query_positions is None else gather_rows(x, query_positions)
 
-        def project(name):
-            y = _dense(config, config.hidden_size, ("embed", "heads"), name)(x)
-            y = y.reshape(batch, length, config.num_heads, config.head_dim)
+        def project(name, inputs):
+            y = _dense(config, config.hidden_size, ("embed", "heads"), name)(inputs)
+            y = y.reshape(batch, inputs.shape[1], config.num_heads, config.head_dim)
             return _constrain(y, ("batch", "length", "act_heads", None))
 
-        query, key, value = project("query"), project("key"), project("value")
+        query, key, value = project("query", queries), project("key", x), project("value", x)
+        if query_positions is not None:
+            attention_mask = _query_rows_mask(attention_mask, query_positions)
         implementation = attention_implementation(config, query, attention_mask, deterministic)
         if implementation == "reference":
             blas = matmul_implementation(config) == "blas"
             probs = reference_attention_probs(query, key, attention_mask, config.head_dim, blas=blas)
             probs = probs.astype(config.compute_dtype)
-            probs = Dropout(config.attention_dropout_rate)(probs, deterministic=deterministic)
+            rows = None if query_positions is None else (2, query_positions[:, None, :], length)
+            probs = Dropout(config.attention_dropout_rate)(probs, deterministic=deterministic, rows=rows)
             if blas:
                 context = _heads_first(cpu_gemm.matmul(probs, _heads_first(value)))
             else:
@@ -558,7 +623,7 @@ class BertSelfAttention(nn.Module):
         else:
             context = fused_attention(implementation, query, key, value, attention_mask)
         context = _constrain(context, ("batch", "length", "act_heads", None))
-        context = context.reshape(batch, length, config.hidden_size)
+        context = context.reshape(batch, queries.shape[1], config.hidden_size)
         return nn.Dense(config.hidden_size, dtype=config.compute_dtype, param_dtype=jnp.float32,
                         kernel_init=_kernel_init(config, ("heads", "embed")), bias_init=_zeros(("norm",)),
                         dot_general=_dot_general(config), name="output")(context)
@@ -570,10 +635,16 @@ class BertLayer(nn.Module):
     config: BertConfig
 
     @nn.compact
-    def __call__(self, x, attention_mask, deterministic: bool):
+    def __call__(self, x, attention_mask, deterministic: bool, query_positions=None):
+        """`query_positions` ([batch, rows] int): compute the layer's output at those rows of x only (attending over
+        every row): [batch, rows, hidden], the full output's rows at those positions, dropout included."""
         config = self.config
-        attention = BertSelfAttention(config, name="attention")(x, attention_mask, deterministic)
-        attention = Dropout(config.dropout_rate)(attention, deterministic=deterministic)
+        attention = BertSelfAttention(config, name="attention")(x, attention_mask, deterministic, query_positions)
+        rows = None
+        if query_positions is not None:
+            rows = (1, query_positions, x.shape[1])
+            x = gather_rows(x, query_positions)
+        attention = Dropout(config.dropout_rate)(attention, deterministic=deterministic, rows=rows)
         x = _layer_norm(config, "attention_layer_norm")(x + attention)
         x = _constrain(x, ("batch", "length", "act_embed"))
 
@@ -582,7 +653,7 @@ class BertLayer(nn.Module):
         hidden = nn.Dense(config.hidden_size, dtype=config.compute_dtype, param_dtype=jnp.float32,
                           kernel_init=_kernel_init(config, ("mlp", "embed")), bias_init=_zeros(("norm",)),
                           dot_general=_dot_general(config), name="output")(hidden)
-        hidden = Dropout(config.dropout_rate)(hidden, deterministic=deterministic)
+        hidden = Dropout(config.dropout_rate)(hidden, deterministic=deterministic, rows=rows)
         x = _layer_norm(config, "output_layer_norm")(x + hidden)
         return _constrain(x, ("batch", "length", "act_embed"))
 
@@ -605,13 +676,18 @@ class _ScannedBertLayer(BertLayer):
         return x, x
 
 
-def _run_layers(config: BertConfig, x, attention_mask, deterministic: bool):
+def _run_layers(config: BertConfig, x, attention_mask, deterministic: bool, output_positions=None):
     """Every encoder layer, created in the CALLING compact module; returns (output, [each layer's output]).
 
     Unrolled: `layer_{i}` modules. With config.scan_layers: one nn.scan named `layers` whose parameters carry a
     leading layer axis (logical name "layers"), so the step is traced and compiled once whatever the depth
     (`stack_layers` / `unstack_layers` convert between the two layouts). config.remat wraps each layer in
     nn.remat with the REMAT_POLICIES policy.
+
+    `output_positions` ([batch, rows] int): the output is only those rows of the last layer's ([batch, rows,
+    hidden]; so is the last entry of the list). Unrolled, the last layer then computes those rows alone (its
+    queries, feed-forward and LayerNorms; keys and values still cover every row); scanned layers compute every row
+    and gather them.
     """
     layer_class = _ScannedBertLayer if config.scan_layers else BertLayer
     if config.remat != "none":
@@ -621,14 +697,19 @@ def _run_layers(config: BertConfig, x, attention_mask, deterministic: bool):
     if not config.scan_layers:
         outputs = []
         for index in range(config.num_layers):
-            x = layer_class(config, name=f"layer_{index}")(x, attention_mask, deterministic)
+            last = index == config.num_layers - 1
+            x = layer_class(config, name=f"layer_{index}")(x, attention_mask, deterministic,
+                                                           output_positions if last else None)
             outputs.append(x)
         return x, outputs
     scanned = nn.scan(layer_class, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
                       in_axes=(nn.broadcast, nn.broadcast), length=config.num_layers,
                       metadata_params={nn.PARTITION_NAME: SCANNED_LAYERS})
     x, stacked = scanned(config, name=SCANNED_LAYERS)(x, attention_mask, deterministic)
-    return x, [stacked[index] for index in range(config.num_layers)]
+    outputs = [stacked[index] for index in range(config.num_layers)]
+    if output_positions is not None:
+        x = outputs[-1] = gather_rows(x, output_positions)
+    return x, outputs
 
 
 def _layer_names(params) -> list:
@@ -671,7 +752,7 @@ def unstack_layers(params) -> dict:
 
 
 def _encode(config: BertConfig, input_ids, input_mask, segment_ids, deterministic: bool, position_ids=None,
-            attention_mask=None):
+            attention_mask=None, output_positions=None):
     """Embeddings and every encoder layer, created as `embeddings` and `layer_{i}` (or, scanned, `layers`) in the
     CALLING compact module.
 
@@ -679,6 +760,7 @@ def _encode(config: BertConfig, input_ids, input_mask, segment_ids, deterministi
     same top-level names. Returns (sequence_output, hidden_states, embeddings module); hidden_states holds the
     embeddings output and every layer's output. Packed rows give `position_ids` (default 0..length-1) and
     `attention_mask`, the SegmentMask of their instance ids (default: input_mask, a padding mask).
+    `output_positions`: sequence_output holds only those rows (see _run_layers).
     """
     _, length = input_ids.shape
     if position_ids is None:
@@ -689,7 +771,7 @@ def _encode(config: BertConfig, input_ids, input_mask, segment_ids, deterministi
     embeddings = BertEmbeddings(config, name="embeddings")
     x = embeddings(input_ids, segment_ids, position_ids, deterministic)
     hidden_states = [x]
-    x, layer_outputs = _run_layers(config, x, attention_mask, deterministic)
+    x, layer_outputs = _run_layers(config, x, attention_mask, deterministic, output_positions)
     hidden_states.extend(layer_outputs)
     return x, tuple(hidden_states), embeddings
 
@@ -700,10 +782,12 @@ def _pool(config: BertConfig, sequence_output, cls_positions=None):
     With `cls_positions` ([batch, k], packed rows) it pools the hidden state at each of those positions: [batch, k,
     hidden].
     """
-    if cls_positions is None:
-        cls = sequence_output[:, 0]
-    else:
-        cls = jnp.take_along_axis(sequence_output, cls_positions[..., None].astype(jnp.int32), axis=1)
+    cls = sequence_output[:, 0] if cls_positions is None else gather_rows(sequence_output, cls_positions)
+    return _pooler(config, cls)
+
+
+def _pooler(config: BertConfig, cls):
+    """tanh(dense(cls)), created as `pooler` in the calling compact module."""
     return nn.tanh(_dense(config, config.hidden_size, ("embed", None), "pooler")(cls))
 
 
@@ -719,6 +803,11 @@ class BertForPreTraining(nn.Module):
     instance, 0 for padding: attention stays inside an instance) and `nsp_positions` ([batch, k], each instance's
     [CLS]): then `pooled_output` is [batch, k, hidden] and `nsp_logits` [batch, k, 2]. Without them the model is
     the unpacked one, unchanged.
+
+    `sequence_output=False` (the pretraining train and eval steps): the heads read the last layer at the [CLS]
+    rows and the masked positions only, so the last layer computes just those rows (see BertLayer; about 1/6 of
+    its matmul work at seq 128 with 20 predictions). The logits are the same (dropout included: the masks are the
+    full layer's at those rows); `sequence_output` and `hidden_states` are then not returned.
     """
 
     config: BertConfig
@@ -726,25 +815,41 @@ class BertForPreTraining(nn.Module):
     @nn.compact
     def __call__(self, input_ids, input_mask, segment_ids, masked_lm_positions, deterministic: bool = True,
                  output_hidden_states: bool = False, position_ids=None, instance_ids=None,
-                 nsp_positions=None) -> dict[str, Any]:
+                 nsp_positions=None, sequence_output: bool = True) -> dict[str, Any]:
         config = self.config
         attention_mask = None if instance_ids is None else SegmentMask(instance_ids.astype(jnp.int32))
+        masked_lm_positions = masked_lm_positions.astype(jnp.int32)
+        head_positions = None
+        if not sequence_output:
+            if output_hidden_states:
+                raise ValueError("BertForPreTraining: output_hidden_states=True needs sequence_output=True (with "
+                                 "sequence_output=False the last layer computes only the rows the heads read)")
+            cls_positions = (jnp.zeros((input_ids.shape[0], 1), jnp.int32) if nsp_positions is None
+                             else nsp_positions.astype(jnp.int32))
+            head_positions = jnp.concatenate([cls_positions, masked_lm_positions], axis=1)
         x, hidden_states, embeddings = _encode(config, input_ids, input_mask, segment_ids, deterministic,
-                                               position_ids=position_ids, attention_mask=attention_mask)
-        pooled = _pool(config, x, nsp_positions)
+                                               position_ids=position_ids, attention_mask=attention_mask,
+                                               output_positions=head_positions)
+        if sequence_output:
+            pooled = _pool(config, x, nsp_positions)
+            masked = gather_rows(x, masked_lm_positions)
+        else:
+            cls_rows = head_positions.shape[1] - masked_lm_positions.shape[1]
+            pooled = _pooler(config, x[:, 0] if nsp_positions is None else x[:, :cls_rows])
+            masked = x[:, cls_rows:]
         nsp_logits = nn.Dense(2, dtype=jnp.float32, param_dtype=jnp.float32,
                               kernel_init=_kernel_init(config, ("embed", "classes")), bias_init=_zeros(("classes",)),
                               name="nsp_head")(pooled)
 
-        # Gather before the head: the transform and the vocab-sized decoder run on masked positions only.
-        masked = jnp.take_along_axis(x, masked_lm_positions[..., None].astype(jnp.int32), axis=1)
+        # Gathered before the head: the transform and the vocab-sized decoder run on masked positions only.
         masked = _activation(config, _dense(config, config.hidden_size, ("embed", None), "mlm_transform")(masked))
         masked = _layer_norm(config, "mlm_layer_norm")(masked)
         mlm_bias = self.param("mlm_output_bias", _zeros(("vocab",)), (config.vocab_size,), jnp.float32)
         mlm_logits = embeddings.attend(masked).astype(jnp.float32) + mlm_bias
 
-        outputs = {"mlm_logits": mlm_logits, "nsp_logits": nsp_logits, "sequence_output": x,
-                   "pooled_output": pooled}
+        outputs = {"mlm_logits": mlm_logits, "nsp_logits": nsp_logits, "pooled_output": pooled}
+        if sequence_output:
+            outputs["sequence_output"] = x
         if output_hidden_states:
             outputs["hidden_states"] = hidden_states
         return outputs

@@ -161,7 +161,7 @@ def make_grad_fn(model: nn.Module, rules):
     def loss_fn(params, batch, dropout_rng, mlm_denominator, nsp_denominator):
         with nn.logical_axis_rules(rules):
             outputs = model.apply({"params": params}, **_model_inputs(batch), deterministic=False,
-                                  rngs={"dropout": dropout_rng})
+                                  sequence_output=False, rngs={"dropout": dropout_rng})
         return pretraining_loss(outputs, batch, mlm_denominator, nsp_denominator)
 
     return jax.value_and_grad(loss_fn, has_aux=True)
@@ -232,7 +232,8 @@ def make_eval_step(model: nn.Module, rules):
     """Returns `eval_step(params, batch) -> sums` (no dropout); sums add up across batches."""
     def eval_step(params, batch):
         with nn.logical_axis_rules(rules):
-            outputs = model.apply({"params": params}, **_model_inputs(batch), deterministic=True)
+            outputs = model.apply({"params": params}, **_model_inputs(batch), deterministic=True,
+                                  sequence_output=False)
         mlm_xent, mlm_correct = _mlm_terms(outputs["mlm_logits"], batch)
         nsp_xent, nsp_correct = _nsp_terms(outputs["nsp_logits"], batch)
         _, nsp_count = batch_denominators(batch)

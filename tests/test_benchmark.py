@@ -80,8 +80,9 @@ def test_run_on_one_device_times_the_steps_matmuls_alone_and_prints_the_bound():
                               compare_torch=False, devices=jax.devices()[:1], print_fn=lines.append,
                               matmuls="shapes")
     bound = result["matmuls"]
-    # Every product of the step, and nothing else: their FLOPs are exactly the model FLOPs.
-    assert bound["flops"] == result["flops_per_step"]
+    # Every product of the step, and nothing else: their FLOPs are exactly those the step executes, which the
+    # model FLOPs exceed by the last layer's rows that the heads do not read.
+    assert bound["flops"] == result["executed_flops_per_step"] < result["flops_per_step"]
     assert bound["calls"] == sum(group["count"] for group in bound["groups"])
     assert result["matmul_s"] == bound["seconds"] > 0
     assert result["matmul_s"] == pytest.approx(sum(group["count"] * group["seconds"] for group in bound["groups"]))
@@ -90,6 +91,9 @@ def test_run_on_one_device_times_the_steps_matmuls_alone_and_prints_the_bound():
     line = next(line for line in lines if line.startswith("tiny: ") and "matmuls (" in line)
     assert f"{bound['calls']} matmuls ({len(bound['groups'])} distinct)" in line
     assert f"alone {result['matmul_s']:.4f} s" in line and f"MFU bound {result['mfu_matmul_bound']:.1%}" in line
+    assert (f"{bound['flops'] / 1e9:.1f} GFLOP executed ({bound['flops'] / result['flops_per_step']:.1%} of the "
+            f"model FLOPs; executed FLOP/s {bound['flops'] / result['step_s'] / result['ceiling_flops_per_s']:.1%} "
+            "of the ceiling)") in line
     assert f"{result['matmul_s'] / result['step_s']:.1%} of the {result['step_s']:.4f} s step" in line
     # "shapes": one line per distinct matmul, right after the preset's line, slowest in total first.
     start = lines.index(line) + 1

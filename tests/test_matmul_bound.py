@@ -156,17 +156,26 @@ def _train_step_matmuls(**model_overrides):
     return counts, model_config
 
 
-def test_train_step_matmuls_are_exactly_the_model_flops_and_remat_adds_the_recomputed_forward():
+def test_train_step_matmuls_are_the_counted_flops_and_remat_adds_the_recomputed_forward():
     counts, config = _train_step_matmuls()
     model_flops = model_lib.model_flops_per_sequence(config, 32, 5) * 4
-    assert _flops(counts) == model_flops  # the model-FLOPs formula counts exactly the products the step runs
-    scanned, _ = _train_step_matmuls(scan_layers=True)
-    assert _flops(scanned) == model_flops and sum(scanned.values()) == sum(counts.values())
     tokens, d, layers = 4 * 32, config.hidden_size, config.num_layers
+    # The step's last layer computes the [CLS] and 5 masked rows of each sequence only: each of the other rows
+    # skips its query/output projections, feed-forward and attention over 32 keys, forward and backward.
+    skipped_rows = 4 * (32 - 1 - 5)
+    skipped = skipped_rows * 12 * d * (d + config.intermediate_size + 32)
+    assert _flops(counts) == model_flops - skipped
+    assert _flops(counts) == model_lib.step_matmul_flops_per_sequence(config, 32, 5) * 4
+    # Scanned layers compute every row: exactly the model-FLOPs formula, in as many products.
+    scanned, scanned_config = _train_step_matmuls(scan_layers=True)
+    assert _flops(scanned) == model_flops and sum(scanned.values()) == sum(counts.values())
+    assert model_lib.step_matmul_flops_per_sequence(scanned_config, 32, 5) * 4 == model_flops
     encoder_kernels = layers * (4 * d * d + 2 * d * config.intermediate_size)
-    # remat=full recomputes every layer's forward in the backward pass: its projections and attention products.
+    # remat=full recomputes every layer's forward in the backward pass: its projections and attention products
+    # (the last layer's at its computed rows: the forward third of `skipped` is not recomputed either).
     full, _ = _train_step_matmuls(remat="full")
-    assert _flops(full) - model_flops == 2 * encoder_kernels * tokens + 4 * layers * d * 32 * tokens
+    assert _flops(full) - _flops(counts) == (2 * encoder_kernels * tokens + 4 * layers * d * 32 * tokens
+                                             - skipped // 3)
     # remat=matmuls saves the projections (no batch axes) and recomputes only the attention's batched products.
     saved, _ = _train_step_matmuls(remat="matmuls")
-    assert _flops(saved) - model_flops == 4 * layers * d * 32 * tokens
+    assert _flops(saved) - _flops(counts) == 4 * layers * d * 32 * tokens - skipped_rows * 4 * d * 32

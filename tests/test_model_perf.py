@@ -14,6 +14,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
 from bert_jax import export
+from bert_jax import matmul_bound
 from bert_jax import model as model_lib
 from bert_jax import optim
 from tests import helpers
@@ -300,6 +301,97 @@ def test_scanned_program_does_not_grow_with_depth():
     assert program_lines(_config(num_layers=6)) > program_lines(_config(num_layers=2)) + 100
 
 
+# --- the last layer at the rows the heads read ------------------------------------------------------------------
+
+def _packed_inputs():
+    """Three packed rows of LENGTH: instances of lengths (8, 4) + 4 padding, (4, 4, 8) and (16), with per-instance
+    positions, instance ids, each instance's [CLS] position (an empty slot points at 0) and masked positions."""
+    ids, _, _, _ = _inputs()
+    spans = [[(0, 8), (8, 12)], [(0, 4), (4, 8), (8, 16)], [(0, 16)]]
+    instance_ids = np.zeros((BATCH, LENGTH), np.int32)
+    position_ids = np.zeros((BATCH, LENGTH), np.int32)
+    segment_ids = np.zeros((BATCH, LENGTH), np.int32)
+    nsp_positions = np.zeros((BATCH, 3), np.int32)
+    for row, row_spans in enumerate(spans):
+        for number, (start, stop) in enumerate(row_spans, 1):
+            instance_ids[row, start:stop] = number
+            position_ids[row, start:stop] = np.arange(stop - start)
+            segment_ids[row, start + (stop - start) // 2:stop] = 1
+            nsp_positions[row, number - 1] = start
+    mask = (instance_ids > 0).astype(np.int32)
+    masked_lm_positions = np.array([[1, 5, 9, 10, 0], [2, 6, 9, 13, 15], [3, 4, 8, 12, 14]], np.int32)
+    return dict(input_ids=ids * mask, input_mask=mask, segment_ids=segment_ids,
+                masked_lm_positions=masked_lm_positions, position_ids=position_ids, instance_ids=instance_ids,
+                nsp_positions=nsp_positions)
+
+
+def _head_results(config, params, inputs, sequence_output, deterministic=False):
+    model = model_lib.BertForPreTraining(config)
+
+    def loss_fn(params):
+        outputs = model.apply({"params": params}, **inputs, deterministic=deterministic,
+                              sequence_output=sequence_output, rngs={"dropout": jax.random.key(7)})
+        return jnp.mean(outputs["mlm_logits"] ** 2) + jnp.mean(outputs["nsp_logits"] ** 2), outputs
+
+    (loss, outputs), grads = jax.jit(jax.value_and_grad(loss_fn, has_aux=True))(params)
+    return loss, outputs, grads
+
+
+@pytest.mark.parametrize("remat, scan_layers, packed", [("none", False, True), ("full", False, False),
+                                                        ("none", True, True)])
+def test_last_layer_at_the_head_rows_equals_the_full_model(remat, scan_layers, packed):
+    # With dropout on everywhere: the rows the last layer computes must drop exactly what the full layer drops there.
+    config = _config(dropout_rate=0.1, attention_dropout_rate=0.1, remat=remat, scan_layers=scan_layers)
+    params = _init(dataclasses.replace(config, scan_layers=False))
+    if scan_layers:
+        params = model_lib.stack_layers(params, config.num_layers)
+    ids, mask, segments, positions = _inputs()
+    inputs = _packed_inputs() if packed else dict(input_ids=ids, input_mask=mask, segment_ids=segments,
+                                                  masked_lm_positions=positions)
+    loss, outputs, grads = _head_results(config, params, inputs, sequence_output=True)
+    head_loss, head_outputs, head_grads = _head_results(config, params, inputs, sequence_output=False)
+    assert "sequence_output" in outputs and "sequence_output" not in head_outputs
+    for name in ("mlm_logits", "nsp_logits", "pooled_output"):
+        assert head_outputs[name].shape == outputs[name].shape, name
+        np.testing.assert_allclose(head_outputs[name], outputs[name], atol=2e-6, rtol=0, err_msg=name)
+    np.testing.assert_allclose(head_loss, loss, rtol=1e-6)
+    _assert_trees_close(head_grads, grads, atol=1e-6)
+    # The comparison saw dropout at work: without it the logits are different.
+    _, quiet, _ = _head_results(config, params, inputs, sequence_output=False, deterministic=True)
+    assert np.abs(np.asarray(quiet["mlm_logits"]) - np.asarray(head_outputs["mlm_logits"])).max() > 1e-2
+
+
+def test_last_layer_at_the_head_rows_skips_exactly_the_other_rows_matmuls():
+    config = _config()
+    params = _init(config)
+    model = model_lib.BertForPreTraining(config)
+    ids, mask, segments, positions = _inputs()
+
+    def matmul_flops(sequence_output):
+        def loss(params):
+            outputs = model.apply({"params": params}, ids, mask, segments, positions,
+                                  sequence_output=sequence_output)
+            return jnp.sum(outputs["mlm_logits"] ** 2) + jnp.sum(outputs["nsp_logits"] ** 2)
+
+        counts, _ = matmul_bound.collect_matmuls(jax.grad(loss), params)
+        return sum(matmul.flops * count for matmul, count in counts.items())
+
+    # Rows the heads read: [CLS] and the 4 masked positions. Each other row of the last layer skips, forward and
+    # backward (3x), its query and output projections and feed-forward (2 x the parameters: 12 h^2 + 12 h i) and
+    # its attention over LENGTH keys (12 h LENGTH).
+    hidden, inner = config.hidden_size, config.intermediate_size
+    skipped_rows = BATCH * (LENGTH - 1 - positions.shape[1])
+    assert matmul_flops(True) - matmul_flops(False) == skipped_rows * 12 * hidden * (hidden + inner + LENGTH)
+
+
+def test_heads_only_model_refuses_hidden_states():
+    config = _config()
+    ids, mask, segments, positions = _inputs()
+    with pytest.raises(ValueError, match="output_hidden_states=True needs sequence_output=True"):
+        model_lib.BertForPreTraining(config).apply({"params": _init(config)}, ids, mask, segments, positions,
+                                                   output_hidden_states=True, sequence_output=False)
+
+
 # --- dropout ---------------------------------------------------------------------------------------------------
 
 def test_unrolled_threefry_equals_jax_threefry():
@@ -353,6 +445,22 @@ def test_dropout_mask_is_the_same_under_any_sharding():
     assert odd.shape == (5, 7)
     rbg, _ = model_lib.dropout_keep_mask(jax.random.key(0, impl="rbg"), (4, 8), 0.5)
     assert rbg.shape == (4, 8)
+
+
+def test_dropout_rows_equal_the_full_mask_at_those_rows():
+    # Some rows of a mask (repeats and any order) equal the whole mask's rows, for the threefry fast path and for
+    # keys of another PRNG implementation (jax.random.bits, then gathered).
+    positions = np.array([[0, 5, 5, 15, 2], [3, 2, 1, 0, 9]], np.int32)
+    for key in (jax.random.key(3), jax.random.key(3, impl="rbg")):
+        full = np.asarray(model_lib.dropout_keep_mask(key, (2, 3, 16, 8), 0.1)[0])
+        rows = np.asarray(model_lib.dropout_keep_mask(key, (2, 3, 5, 8), 0.1, rows=(2, positions[:, None, :], 16))[0])
+        np.testing.assert_array_equal(rows, np.take_along_axis(full, positions[:, None, :, None], axis=2))
+        full = np.asarray(model_lib.dropout_keep_mask(key, (2, 16, 8), 0.5)[0])
+        rows = np.asarray(model_lib.dropout_keep_mask(key, (2, 5, 8), 0.5, rows=(1, positions, 16))[0])
+        np.testing.assert_array_equal(rows, np.take_along_axis(full, positions[:, :, None], axis=1))
+        assert 0 < rows.mean() < 1
+    with pytest.raises(ValueError, match="rows axis 2 must index one of the leading axes"):
+        model_lib.dropout_keep_mask(jax.random.key(0), (2, 5, 8), 0.1, rows=(2, positions, 16))
 
 
 # --- XLA:CPU options -------------------------------------------------------------------------------------------

@@ -364,7 +364,8 @@ def matmul_bound_lines(results, ceiling: float, shapes: bool = False) -> list[st
     Reads result["matmul_s"] and result["mfu_matmul_bound"] (see `add_matmul_bound_fields`)."""
     lines = ["matmuls alone: every distinct matmul of the step compiled and timed on its own (short ones many times in "
              "one compiled loop), the fastest of 3 rounds' medians; bound = the sum over the step's matmuls; "
-             "MFU bound = model FLOPs / bound / ceiling"]
+             "MFU bound = model FLOPs / bound / ceiling (it can pass 100%: the step executes fewer matmul FLOPs than the "
+             "model FLOPs count)"]
     for result in results:
         bound = result.get("matmuls")
         if bound is None:

@@ -182,6 +182,10 @@ def test_block_diagonal_mask_equals_running_the_blocks_separately(attention):
     # The same through a [B, T] padding mask plus a block-diagonal mask equals the block-diagonal mask alone.
     with_padding = apply(params, x, _block_diagonal(instance_ids) & (instance_ids > 0)[:, None, None, :], True)
     np.testing.assert_allclose(with_padding, packed, atol=1e-6)
+    # The layer at some rows only (query_positions), under the same full mask: those rows of the full output.
+    rows = np.array([[0, 9, 9, 15], [3, 12, 4, 0]], np.int32)
+    at_rows = apply(params, x, _block_diagonal(instance_ids), True, jnp.asarray(rows))
+    np.testing.assert_allclose(at_rows, np.take_along_axis(np.asarray(packed), rows[..., None], axis=1), atol=2e-6)
 
 
 def test_pallas_splash_kernel_matches_reference_at_real_tokens():

@@ -129,6 +129,9 @@ class AotReport:
     flops_per_device: float  # compiled.cost_analysis()["flops"]: the per-device SPMD program
     while_loops: int  # while loops in the compiled program: each body's FLOPs are counted once, not per trip
     model_flops_per_device: float  # bert_jax.model.model_flops_per_sequence * batch / chips
+    # bert_jax.model.step_matmul_flops_per_sequence * batch / chips: the matmul FLOPs the step executes (fewer than
+    # the model FLOPs: the last layer computes the rows the heads read only)
+    executed_flops_per_device: float
     hbm_bytes: int
     lower_seconds: float  # tracing and lowering to StableHLO
     compile_seconds: float  # XLA:TPU compilation
@@ -157,11 +160,11 @@ class AotReport:
 
     @property
     def flops_ratio(self) -> float:
-        """Compiled FLOPs over model (matmul) FLOPs: above 1 by the elementwise work (dropout bits, softmax,
-        LayerNorm, optimizer) and any computation the sharding replicates; below 1 when loops hide work (XLA's
-        cost analysis counts a while-loop body once: grad_accum_steps > 1, scan_layers, or loops XLA makes
+        """Compiled FLOPs over the matmul FLOPs the step executes: above 1 by the elementwise work (dropout bits,
+        softmax, LayerNorm, optimizer) and any computation the sharding replicates; below 1 when loops hide work
+        (XLA's cost analysis counts a while-loop body once: grad_accum_steps > 1, scan_layers, or loops XLA makes
         itself, such as collective matmuls over the fsdp axis)."""
-        return self.flops_per_device / self.model_flops_per_device
+        return self.flops_per_device / self.executed_flops_per_device
 
 
 def _abstract(tree, shardings):
@@ -215,11 +218,15 @@ def compile_train_step(config, topology: str):
     rows, seq_length = batch["input_ids"].shape
     predictions = batch["masked_lm_positions"].shape[1]
     model_flops = model_lib.model_flops_per_sequence(model_config, seq_length, predictions) * rows
+    cls_rows = batch["nsp_positions"].shape[1] if "nsp_positions" in batch else 1
+    executed_flops = model_lib.step_matmul_flops_per_sequence(model_config, seq_length, predictions,
+                                                              cls_rows) * rows
     common = dict(
         topology=topology, device_kind=devices[0].device_kind, num_chips=len(devices), num_hosts=num_hosts,
         mesh=dict(mesh.shape), batch_size=rows, seq_length=seq_length, dtype=model_config.dtype,
         num_params=sum(int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(abstract_state.params)),
-        model_flops_per_device=model_flops / len(devices), hbm_bytes=HBM_GIB_PER_CHIP[chip] * GIB,
+        model_flops_per_device=model_flops / len(devices),
+        executed_flops_per_device=executed_flops / len(devices), hbm_bytes=HBM_GIB_PER_CHIP[chip] * GIB,
         lower_seconds=lowered_at - start, compile_seconds=compiled_at - lowered_at)
     if compiled is None:
         return None, AotReport(**common, argument_bytes=0, output_bytes=0, alias_bytes=0, temp_bytes=0,
@@ -283,10 +290,11 @@ def format_reports(reports: list[AotReport]) -> str:
         ("fits", _fits),
         *flops_rows,
         ("model TFLOP/step per chip", lambda r: f"{r.model_flops_per_device / 1e12:.4g}"),
-        ("compiled / model FLOPs", lambda r: f"{r.flops_ratio:.3f}" + (" *" if r.while_loops else "")),
+        ("executed matmul TFLOP/step per chip", lambda r: f"{r.executed_flops_per_device / 1e12:.4g}"),
+        ("compiled / executed matmul FLOPs", lambda r: f"{r.flops_ratio:.3f}" + (" *" if r.while_loops else "")),
         ("lower / compile time", lambda r: f"{r.lower_seconds:.1f} s / {r.compile_seconds:.1f} s"),
     ]
-    needs_compiled = {label for label, _ in compiled_rows + flops_rows} | {"compiled / model FLOPs"}
+    needs_compiled = {label for label, _ in compiled_rows + flops_rows} | {"compiled / executed matmul FLOPs"}
     cells = [[label] + ["-" if report.out_of_memory and label in needs_compiled else value(report)
                         for report in reports] for label, value in rows]
     widths = [max(len(row[column]) for row in cells) for column in range(len(cells[0]))]

@@ -137,20 +137,21 @@ def model_flops_per_sequence(config: BertConfig, seq_length: int, max_prediction
     return float(encoder + mlm_head + pooler_and_nsp)
 
 
-def step_matmul_flops_per_sequence(config: BertConfig, seq_length: int, max_predictions: int) -> float:
-    """The matmul FLOPs the pretraining train step executes for one (unpacked) sequence.
+def step_matmul_flops_per_sequence(config: BertConfig, seq_length: int, max_predictions: int,
+                                   cls_rows: int = 1) -> float:
+    """The matmul FLOPs the pretraining train step executes for one row of `seq_length` tokens.
 
     model_flops_per_sequence counts every token through every layer, the standard model-FLOPs figure. The train
     step asks for the heads only (BertForPreTraining with sequence_output=False), so an unrolled model's last layer
-    computes just the rows the heads read, [CLS] and the masked positions: each other row skips, forward and
-    backward, its query and output projections, feed-forward and attention over seq_length keys. Scanned layers
-    (config.scan_layers) compute every row.
+    computes just the rows the heads read, the `cls_rows` [CLS] positions (1; packed rows: instances per row) and
+    the masked positions: each other row skips, forward and backward, its query and output projections,
+    feed-forward and attention over seq_length keys. Scanned layers (config.scan_layers) compute every row.
     """
     flops = model_flops_per_sequence(config, seq_length, max_predictions)
     if config.scan_layers:
         return flops
     h = config.hidden_size
-    skipped_rows = max(seq_length - 1 - max_predictions, 0)
+    skipped_rows = max(seq_length - cls_rows - max_predictions, 0)
     return flops - skipped_rows * 12 * h * (h + config.intermediate_size + seq_length)
 
 

@@ -83,11 +83,14 @@ def test_compiled_step_flops_match_the_model_per_chip():
     model_config = model_lib.BertConfig.from_config(config.model)
     expected = model_lib.model_flops_per_sequence(model_config, 128, 20) * 32 / 4
     assert report.model_flops_per_device == pytest.approx(expected)
+    executed = model_lib.step_matmul_flops_per_sequence(model_config, 128, 20) * 32 / 4
+    assert report.executed_flops_per_device == pytest.approx(executed) and executed < expected
     assert report.flops_per_device == compiled.cost_analysis()["flops"]
-    # The compiled step is forward + backward (model_flops_per_sequence's 3x forward matmuls) plus the work the
-    # model count leaves out: dropout bits, softmax, LayerNorm, GELU and the AdamW update, ~20% here (measured
-    # 1.21). A wrong batch (2x), or a step replicated over an axis instead of split, lands outside. XLA's cost
-    # analysis counts a loop body once, so the bound holds only for a step without loops, as this one is.
+    # The compiled step is forward + backward (the matmuls the step executes: model_flops_per_sequence's less the
+    # last layer's rows the heads do not read) plus the work the matmul count leaves out: dropout bits, softmax,
+    # LayerNorm, GELU and the AdamW update (measured 1.05 here). A wrong batch (2x), a step replicated over an axis instead of split, or
+    # a last layer computed at every row lands outside. XLA's cost analysis counts a loop body once, so the bound
+    # holds only for a step without loops, as this one is.
     assert report.while_loops == 0
     assert 1.0 <= report.flops_ratio <= 1.45, report.flops_ratio
     assert report.flops_total == pytest.approx(report.flops_per_device * 4)
@@ -96,8 +99,10 @@ def test_compiled_step_flops_match_the_model_per_chip():
 def test_a_step_too_large_for_the_chip_is_reported_not_raised():
     _require_libtpu()
     config = pretrain.get_config("size=tiny")
-    config.model.num_layers, config.model.vocab_size = 1, 512
-    config.data.max_seq_length, config.train.batch_size = 512, 16384  # ~20 GiB of activations per 16 GiB chip
+    # Two layers: the first computes every row (the last only the rows the heads read); ~40 GiB of activations
+    # per 16 GiB chip.
+    config.model.num_layers, config.model.vocab_size = 2, 512
+    config.data.max_seq_length, config.train.batch_size = 512, 32768
     compiled, report = aot.compile_train_step(config, TOPOLOGY)
     assert compiled is None and not report.fits
     assert "RESOURCE_EXHAUSTED" in report.out_of_memory
@@ -156,7 +161,8 @@ def test_cli_prints_the_table():
     # This one-layer step can keep everything in its arguments and outputs: XLA reports 0 bytes of temporaries.
     assert lines["per chip: temporaries"].endswith("iB") and float(lines["per chip: temporaries"].split()[0]) >= 0
     assert float(lines["compiled TFLOP/step per chip"]) > 0
-    assert 1.0 <= float(lines["compiled / model FLOPs"]) <= 1.6
+    assert 1.0 <= float(lines["compiled / executed matmul FLOPs"]) <= 1.6
+    assert float(lines["executed matmul TFLOP/step per chip"]) < float(lines["model TFLOP/step per chip"])
 
 
 def test_cli_bad_topology_names_the_flag():

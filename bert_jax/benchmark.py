@@ -169,8 +169,8 @@ def benchmark_step(size: str, seq_length: int, batch_size: int, max_predictions:
 
     Returns the timings, throughput, model FLOPs per step (model_flops_per_sequence * batch_size) and the matmul
     FLOPs the step executes (step_matmul_flops_per_sequence * batch_size: fewer, the last layer runs at the rows
-    the heads read), the first and
-    last step's loss, the memory figures, and the synthetic batch (for feeding another framework the same inputs).
+    the heads read), the first and last step's loss, the memory figures, and the synthetic batch (for feeding
+    another framework the same inputs).
     matmuls: also, after the steps, bert_jax.matmul_bound's account of the step's matmuls each timed alone
     ("matmuls"; None, with "matmuls_skipped" saying why, on more than one device); matmul_flops_per_s, the rate
     expected of one device (its measured ceiling), sizes the loops that time them.
@@ -364,8 +364,8 @@ def matmul_bound_lines(results, ceiling: float, shapes: bool = False) -> list[st
     Reads result["matmul_s"] and result["mfu_matmul_bound"] (see `add_matmul_bound_fields`)."""
     lines = ["matmuls alone: every distinct matmul of the step compiled and timed on its own (short ones many times in "
              "one compiled loop), the fastest of 3 rounds' medians; bound = the sum over the step's matmuls; "
-             "MFU bound = model FLOPs / bound / ceiling (it can pass 100%: the step executes fewer matmul FLOPs than the "
-             "model FLOPs count)"]
+             "MFU bound = model FLOPs / bound / ceiling (it can pass 100%: the step executes fewer matmul FLOPs "
+             "than the model FLOPs count)"]
     for result in results:
         bound = result.get("matmuls")
         if bound is None:
@@ -471,8 +471,9 @@ def run(sizes, seq_length: int, batch_size: int, max_predictions: int = 0, dtype
              + (f"{peak / 1e12:.0f} TFLOP/s" if peak else "unknown for this device (MFU peak: n/a)"))
     print_fn(f"model FLOPs: 6*N*T + 12*L*d*T^2 + MLM head at {max_predictions} masked positions (+ pooler/NSP), "
              "N = encoder matmul parameters, every token through every layer; MFU ceil = model FLOP/s / measured "
-             "ceiling. The step executes fewer: the last layer computes only the [CLS] and masked rows the heads "
-             "read (unrolled layers; see the matmuls line)")
+             "ceiling. The step executes fewer matmul FLOPs, the last layer computing only the [CLS] and masked "
+             "rows the heads read (unrolled layers): "
+             + ", ".join(f"{result['size']} {result['executed_flops_per_step'] / 1e9:.1f} GFLOP" for result in results))
     print_fn(_row(STEP_COLUMNS, _widths(STEP_COLUMNS)))
     for result in results:
         result["ceiling_flops_per_s"] = ceiling

@@ -807,8 +807,8 @@ class BertForPreTraining(nn.Module):
 
     `sequence_output=False` (the pretraining train and eval steps): the heads read the last layer at the [CLS]
     rows and the masked positions only, so the last layer computes just those rows (see BertLayer; at seq 128 with
-    19 predictions, 20 of 128 rows, which skips 71% of its matmul FLOPs). The logits are the same (dropout included: the masks are the
-    full layer's at those rows); `sequence_output` and `hidden_states` are then not returned.
+    19 predictions, 20 of 128 rows, which skips 71% of its matmul FLOPs). The logits are the same (dropout included:
+    the masks are the full layer's at those rows); `sequence_output` and `hidden_states` are then not returned.
     """
 
     config: BertConfig

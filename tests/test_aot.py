@@ -88,9 +88,9 @@ def test_compiled_step_flops_match_the_model_per_chip():
     assert report.flops_per_device == compiled.cost_analysis()["flops"]
     # The compiled step is forward + backward (the matmuls the step executes: model_flops_per_sequence's less the
     # last layer's rows the heads do not read) plus the work the matmul count leaves out: dropout bits, softmax,
-    # LayerNorm, GELU and the AdamW update (measured 1.05 here). A wrong batch (2x), a step replicated over an axis instead of split, or
-    # a last layer computed at every row lands outside. XLA's cost analysis counts a loop body once, so the bound
-    # holds only for a step without loops, as this one is.
+    # LayerNorm, GELU and the AdamW update (measured 1.05 here). A wrong batch (2x), a step replicated over an axis
+    # instead of split, or a last layer computed at every row lands outside. XLA's cost analysis counts a loop body
+    # once, so the bound holds only for a step without loops, as this one is.
     assert report.while_loops == 0
     assert 1.0 <= report.flops_ratio <= 1.45, report.flops_ratio
     assert report.flops_total == pytest.approx(report.flops_per_device * 4)

@@ -130,12 +130,16 @@ def _count(jaxpr, multiplier: int, counts: dict, notes: set) -> None:
         if name == "cond":
             # One branch runs: count the most expensive one.
             best = None
+            branch_flops = set()
             for branch in _sub_jaxprs(eqn):
                 branch_counts: dict = {}
                 _count(branch, inner, branch_counts, notes)
                 flops = sum(matmul.flops * count for matmul, count in branch_counts.items())
+                branch_flops.add(flops)
                 if best is None or flops > best[0]:
                     best = (flops, branch_counts)
+            if len(branch_flops) > 1:
+                notes.add("a cond's most expensive branch is counted every time it runs, an upper bound")
             for matmul, count in (best[1] if best else {}).items():
                 counts[matmul] = counts.get(matmul, 0) + count
             continue

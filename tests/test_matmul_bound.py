@@ -44,8 +44,12 @@ def test_cond_counts_its_most_expensive_branch_and_while_is_noted():
         return jax.lax.cond(flag, lambda: x @ y @ y, lambda: x @ y)
 
     x, y = jnp.ones((2, 4)), jnp.ones((4, 4))
-    counts, _ = matmul_bound.collect_matmuls(f, True, x, y)
+    counts, notes = matmul_bound.collect_matmuls(f, True, x, y)
     assert sum(counts.values()) == 2 and _flops(counts) == 2 * (2 * 2 * 4 * 4)
+    assert notes == ["a cond's most expensive branch is counted every time it runs, an upper bound"]
+    # Branches of equal cost: the count is exact, with no note.
+    counts, notes = matmul_bound.collect_matmuls(lambda flag: jax.lax.cond(flag, lambda: x @ y, lambda: -x @ y), True)
+    assert sum(counts.values()) == 1 and notes == []
 
     def g(x, y):
         return jax.lax.while_loop(lambda c: c[1] < 3, lambda c: (c[0] @ y, c[1] + 1), (x, 0))[0]

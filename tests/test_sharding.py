@@ -20,8 +20,9 @@ MESHES = [(8, 1, 1), (2, 2, 2), (1, 4, 2), (2, 1, 4), (1, 1, 8)]
 SEQ, PREDS, BATCH = 32, 5, 16
 
 
-def _setup(mesh_shape, dropout, batch_axes=None):
+def _setup(mesh_shape, dropout, batch_axes=None, scan_layers=False):
     config = helpers.tiny_config(mesh_shape, dropout=dropout)
+    config.model.scan_layers = scan_layers
     if batch_axes is not None:
         config.mesh.rules = tuple(("batch", batch_axes) if name == "batch" else (name, axes)
                                   for name, axes in config.mesh.rules)
@@ -39,8 +40,8 @@ def _batches(vocab_size, count):
     return [next(batches) for _ in range(count)]
 
 
-def _loss_and_grads(mesh_shape, batch, dropout, batch_axes=None):
-    config, mesh, rules, model, tx, _ = _setup(mesh_shape, dropout, batch_axes)
+def _loss_and_grads(mesh_shape, batch, dropout, batch_axes=None, scan_layers=False):
+    config, mesh, rules, model, tx, _ = _setup(mesh_shape, dropout, batch_axes, scan_layers)
     with jax.set_mesh(mesh):
         state, shardings = train.create_train_state(model, tx, mesh, rules, jax.random.key(0), SEQ, PREDS)
         batch_sharding = sharding_lib.batch_sharding(mesh, rules)
@@ -103,6 +104,18 @@ def test_sharded_gradients_equal_unsharded(mesh_shape, reference):
     _assert_trees_close(grads, ref_grads, 1e-5, "gradient")
     # Every gradient is real: a broken (all-zero) path would pass the relative check trivially.
     assert all(np.any(np.asarray(g) != 0) for g in jax.tree.leaves(ref_grads))
+
+
+@pytest.mark.parametrize("mesh_shape", [(2, 2, 2), (1, 1, 8)], ids=lambda m: "x".join(map(str, m)))
+def test_scanned_layers_sharded_gradients_equal_unsharded(mesh_shape):
+    # Scanned layers: the train step's scan body runs the last layer at the head rows through a cond, with dropout.
+    batch = _batches(helpers.TINY_VOCAB, 1)[0]
+    ref_loss, ref_grads, ref_params = _loss_and_grads((1, 1, 1), batch, dropout=True, scan_layers=True)
+    loss, grads, params = _loss_and_grads(mesh_shape, batch, dropout=True, scan_layers=True)
+    assert model_lib.SCANNED_LAYERS in params
+    _assert_trees_close(params, ref_params, 0.0, "initial parameter")
+    assert abs(loss - ref_loss) <= 1e-5 * abs(ref_loss)
+    _assert_trees_close(grads, ref_grads, 1e-5, "gradient")
 
 
 @pytest.mark.parametrize("batch_axes", [("data", "fsdp"), ("fsdp", "data")])

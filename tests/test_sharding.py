@@ -108,7 +108,8 @@ def test_sharded_gradients_equal_unsharded(mesh_shape, reference):
 
 @pytest.mark.parametrize("mesh_shape", [(2, 2, 2), (1, 1, 8)], ids=lambda m: "x".join(map(str, m)))
 def test_scanned_layers_sharded_gradients_equal_unsharded(mesh_shape):
-    # Scanned layers: the train step's scan body runs the last layer at the head rows through a cond, with dropout.
+    # Scanned layers (one nn.scan, parameters stacked on an unsharded leading layer axis), with dropout: the scan
+    # body's sharding constraints and per-layer dropout keys must not depend on the mesh either.
     batch = _batches(helpers.TINY_VOCAB, 1)[0]
     ref_loss, ref_grads, ref_params = _loss_and_grads((1, 1, 1), batch, dropout=True, scan_layers=True)
     loss, grads, params = _loss_and_grads(mesh_shape, batch, dropout=True, scan_layers=True)

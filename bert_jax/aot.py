@@ -218,9 +218,8 @@ def compile_train_step(config, topology: str):
     rows, seq_length = batch["input_ids"].shape
     predictions = batch["masked_lm_positions"].shape[1]
     model_flops = model_lib.model_flops_per_sequence(model_config, seq_length, predictions) * rows
-    cls_rows = batch["nsp_positions"].shape[1] if "nsp_positions" in batch else 1
-    executed_flops = model_lib.step_matmul_flops_per_sequence(model_config, seq_length, predictions,
-                                                              cls_rows) * rows
+    executed_flops = model_lib.step_matmul_flops_per_sequence(
+        model_config, seq_length, predictions, model_lib.head_cls_rows(batch.get("nsp_positions"))) * rows
     common = dict(
         topology=topology, device_kind=devices[0].device_kind, num_chips=len(devices), num_hosts=num_hosts,
         mesh=dict(mesh.shape), batch_size=rows, seq_length=seq_length, dtype=model_config.dtype,

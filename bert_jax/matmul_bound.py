@@ -128,19 +128,15 @@ def _count(jaxpr, multiplier: int, counts: dict, notes: set) -> None:
         if name == "while":
             notes.add("a while loop's body is counted once (its trip count is not known when tracing)")
         if name == "cond":
-            # One branch runs: count the most expensive one.
-            best = None
-            branch_flops = set()
+            # One branch runs: count the most expensive one (exact when they cost the same).
+            branches = []
             for branch in _sub_jaxprs(eqn):
                 branch_counts: dict = {}
                 _count(branch, inner, branch_counts, notes)
-                flops = sum(matmul.flops * count for matmul, count in branch_counts.items())
-                branch_flops.add(flops)
-                if best is None or flops > best[0]:
-                    best = (flops, branch_counts)
-            if len(branch_flops) > 1:
+                branches.append((sum(matmul.flops * count for matmul, count in branch_counts.items()), branch_counts))
+            if len({flops for flops, _ in branches}) > 1:
                 notes.add("a cond's most expensive branch is counted every time it runs, an upper bound")
-            for matmul, count in (best[1] if best else {}).items():
+            for matmul, count in (max(branches, key=lambda b: b[0])[1] if branches else {}).items():
                 counts[matmul] = counts.get(matmul, 0) + count
             continue
         for sub in _sub_jaxprs(eqn):

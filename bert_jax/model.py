@@ -137,13 +137,18 @@ def model_flops_per_sequence(config: BertConfig, seq_length: int, max_prediction
     return float(encoder + mlm_head + pooler_and_nsp)
 
 
+def head_cls_rows(nsp_positions) -> int:
+    """[CLS] rows per row of the batch that the NSP head reads: 1, or (packed rows) nsp_positions' width."""
+    return 1 if nsp_positions is None else nsp_positions.shape[1]
+
+
 def step_matmul_flops_per_sequence(config: BertConfig, seq_length: int, max_predictions: int,
                                    cls_rows: int = 1) -> float:
     """The matmul FLOPs the pretraining train step executes for one row of `seq_length` tokens.
 
     model_flops_per_sequence counts every token through every layer, the standard model-FLOPs figure. The train
     step asks for the heads only (BertForPreTraining with sequence_output=False), so an unrolled model's last layer
-    computes just the rows the heads read, the `cls_rows` [CLS] positions (1; packed rows: instances per row) and
+    computes just the rows the heads read, the `cls_rows` [CLS] positions (head_cls_rows) and
     the masked positions: each other row skips, forward and backward, its query and output projections,
     feed-forward and attention over seq_length keys. Scanned layers (config.scan_layers) compute every row.
     """
@@ -825,7 +830,8 @@ class BertForPreTraining(nn.Module):
             if output_hidden_states:
                 raise ValueError("BertForPreTraining: output_hidden_states=True needs sequence_output=True (with "
                                  "sequence_output=False the last layer computes only the rows the heads read)")
-            cls_positions = (jnp.zeros((input_ids.shape[0], 1), jnp.int32) if nsp_positions is None
+            cls_rows = head_cls_rows(nsp_positions)
+            cls_positions = (jnp.zeros((input_ids.shape[0], cls_rows), jnp.int32) if nsp_positions is None
                              else nsp_positions.astype(jnp.int32))
             head_positions = jnp.concatenate([cls_positions, masked_lm_positions], axis=1)
         x, hidden_states, embeddings = _encode(config, input_ids, input_mask, segment_ids, deterministic,
@@ -835,7 +841,6 @@ class BertForPreTraining(nn.Module):
             pooled = _pool(config, x, nsp_positions)
             masked = gather_rows(x, masked_lm_positions)
         else:
-            cls_rows = head_positions.shape[1] - masked_lm_positions.shape[1]
             pooled = _pooler(config, x[:, 0] if nsp_positions is None else x[:, :cls_rows])
             masked = x[:, cls_rows:]
         nsp_logits = nn.Dense(2, dtype=jnp.float32, param_dtype=jnp.float32,

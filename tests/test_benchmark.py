@@ -143,7 +143,8 @@ def test_mfu_is_against_the_higher_of_the_ceilings_measured_before_and_after_the
     monkeypatch.setattr(benchmark, "matmul_ceiling", lambda *args, **kwargs: next(measured))
     fake = {"size": "tiny", "seq_length": 32, "batch_size": 4, "dtype": "float32", "compile_s": 1.0, "step_s": 0.5,
             "step_times": [0.7, 0.5, 0.4], "seq_per_s": 8.0, "tokens_per_s": 256.0, "flops_per_step": 5.0e10,
-            "model_flops_per_s": 1.0e11, "executed_flops_per_step": 4.5e10, "xla_bytes": 2**30, "peak_bytes": 2**31, "peak_kind": "process peak RSS"}
+            "model_flops_per_s": 1.0e11, "executed_flops_per_step": 4.5e10, "xla_bytes": 2**30, "peak_bytes": 2**31,
+            "peak_kind": "process peak RSS"}
     monkeypatch.setattr(benchmark, "benchmark_step", lambda *args, **kwargs: dict(fake))
     lines = []
     (result,) = benchmark.run(["tiny"], seq_length=32, batch_size=4, steps=2, warmup=0, matmul_size=256,

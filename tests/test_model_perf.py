@@ -365,8 +365,9 @@ def test_last_layer_at_the_head_rows_equals_the_full_model(remat, scan_layers, p
     assert np.abs(np.asarray(quiet["mlm_logits"]) - np.asarray(head_outputs["mlm_logits"])).max() > 1e-2
 
 
-def test_last_layer_at_the_head_rows_skips_exactly_the_other_rows_matmuls():
-    config = _config()
+@pytest.mark.parametrize("scan_layers", [False, True])
+def test_last_layer_at_the_head_rows_skips_exactly_the_other_rows_matmuls(scan_layers):
+    config = _config(scan_layers=scan_layers, num_layers=3)
     params = _init(config)
     model = model_lib.BertForPreTraining(config)
     ids, mask, segments, positions = _inputs()

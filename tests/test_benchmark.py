@@ -84,7 +84,7 @@ def test_run_on_one_device_times_the_steps_matmuls_alone_and_prints_the_bound():
     # model FLOPs exceed by the last layer's rows that the heads do not read.
     assert bound["flops"] == result["executed_flops_per_step"] < result["flops_per_step"]
     header = next(line for line in lines if line.startswith("model FLOPs: "))
-    assert header.endswith(f"(unrolled layers): tiny {result['executed_flops_per_step'] / 1e9:.1f} GFLOP")
+    assert header.endswith(f"rows the heads read: tiny {result['executed_flops_per_step'] / 1e9:.1f} GFLOP")
     assert bound["calls"] == sum(group["count"] for group in bound["groups"])
     assert result["matmul_s"] == bound["seconds"] > 0
     assert result["matmul_s"] == pytest.approx(sum(group["count"] * group["seconds"] for group in bound["groups"]))

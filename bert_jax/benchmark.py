@@ -46,7 +46,7 @@ flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Compute dtype (p
 flags.DEFINE_integer("steps", 10, "Timed steps; the median is reported.")
 flags.DEFINE_integer("warmup", 2, "Untimed steps after compilation (plus one untimed first execution).")
 flags.DEFINE_enum("matmul", "auto", ["auto", "xla", "blas"], "The preset's model.matmul: XLA's dots, the BLAS "
-                  "custom call (bert_jax.cpu_gemm, XLA:CPU float32) or auto (the BLAS call for the MLM decoder).")
+                  "custom call (bert_jax.cpu_gemm, XLA:CPU float32) or auto (the BLAS call where it can run).")
 flags.DEFINE_integer("matmul_size", 0, "Square matmul size for the ceiling; 0 picks 2048 on CPU, 8192 elsewhere.")
 flags.DEFINE_boolean("compare_torch", None, "Also time HuggingFace BertForPreTraining (PyTorch). Default: on when "
                      "the platform is CPU and torch + transformers import, off otherwise.")

@@ -43,7 +43,7 @@ EXTRAS_REQUIRE = {
     "tpu": ["jax[tpu]>=0.10.2,<0.11"],
     # On NVIDIA GPU hosts.
     "cuda": ["jax[cuda12]>=0.10.2,<0.11"],
-    # Pretraining data for corpora beyond one machine (bert_jax.pretraining_data_beam): Dataflow, Flink, Spark.
+    # Pretraining data for corpora beyond one machine (bert_jax.data.create_beam): Dataflow, Flink, Spark.
     # Beam pins protobuf < 7, on which only sentencepiece 0.2.0 of the 0.2 series runs.
     "beam": ["apache-beam[tfrecord]>=2.77,<3", "sentencepiece==0.2.0"],
 }

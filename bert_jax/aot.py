@@ -100,7 +100,7 @@ def _abstract_batch(config) -> dict[str, jax.ShapeDtypeStruct]:
     if not data.get("pack", False):
         return {name: jax.ShapeDtypeStruct(value.shape, value.dtype)
                 for name, value in train.dummy_batch(batch_size, seq_length, max_predictions).items()}
-    from bert_jax import packing  # pylint: disable=import-outside-toplevel
+    from bert_jax.data import packing  # pylint: disable=import-outside-toplevel
     widths = packing.feature_widths(seq_length, packing.PackingOptions.from_config(data))
     return {name: jax.ShapeDtypeStruct((batch_size, width),
                                        np.float32 if name in packing.FLOAT_FEATURES else np.int32)

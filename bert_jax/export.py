@@ -34,7 +34,7 @@ from safetensors import SafetensorError
 from safetensors import numpy as safetensors_numpy
 
 from bert_jax import model as model_lib
-from bert_jax import tokenization
+from bert_jax.data import tokenization
 
 HF_WEIGHTS, HF_CONFIG = "model.safetensors", "config.json"
 HF_PICKLE = "pytorch_model.bin"

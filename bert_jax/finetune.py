@@ -36,13 +36,13 @@ import orbax.checkpoint as ocp
 from jax.sharding import NamedSharding, PartitionSpec
 
 from bert_jax import checkpoint as checkpoint_lib
-from bert_jax import finetune_data
+from bert_jax.data import finetune_data
 from bert_jax import fileio
 from bert_jax import metrics as metrics_lib
 from bert_jax import model as model_lib
 from bert_jax import optim
 from bert_jax import sharding as sharding_lib
-from bert_jax import tokenization
+from bert_jax.data import tokenization
 from bert_jax.train import NonFiniteLossError, TrainState, apply_gradients, jit_train_step
 
 POOLINGS = ("cls", "mean", "last4")

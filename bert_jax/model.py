@@ -862,7 +862,7 @@ class BertForPreTraining(nn.Module):
     ([batch, predictions, vocab], float32), `nsp_logits` ([batch, 2], float32), `sequence_output` and
     `pooled_output`, plus `hidden_states` (embeddings output and every layer's output) when asked for.
 
-    Packed rows (bert_jax.packing) add `position_ids` (restarting at 0 in each instance), `instance_ids` (1..k per
+    Packed rows (bert_jax.data.packing) add `position_ids` (restarting at 0 in each instance), `instance_ids` (1..k per
     instance, 0 for padding: attention stays inside an instance) and `nsp_positions` ([batch, k], each instance's
     [CLS]): then `pooled_output` is [batch, k, hidden] and `nsp_logits` [batch, k, 2]. Without them the model is
     the unpacked one, unchanged.

@@ -25,7 +25,7 @@ from bert_jax import fileio
 from bert_jax import metrics as metrics_lib
 from bert_jax import model as model_lib
 from bert_jax import optim
-from bert_jax import packing
+from bert_jax.data import packing
 from bert_jax import sharding as sharding_lib
 
 @flax.struct.dataclass
@@ -147,7 +147,7 @@ def _nsp_terms(nsp_logits, batch):
     return xent, correct
 
 
-# The model's keyword arguments, named as in the batch; the last three only in packed batches (bert_jax.packing).
+# The model's keyword arguments, named as in the batch; the last three only in packed batches (bert_jax.data.packing).
 _MODEL_INPUT_NAMES = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "position_ids",
                       "instance_ids", "nsp_positions")
 
@@ -321,9 +321,9 @@ class _Run:
 
 def _build(config, workdir: str) -> _Run:
     # Imported here so the step functions above (and the benchmark) work where TensorFlow is not installed.
-    from bert_jax import input_pipeline
-    from bert_jax import tokenization
-    from bert_jax import workdir_data
+    from bert_jax.data import input_pipeline
+    from bert_jax.data import tokenization
+    from bert_jax.data import workdir as workdir_data
     validate_config(config, jax.device_count(), jax.process_count())
     if config.data.source == "corpus":
         workdir_data.prepare(config, workdir)  # makes WORKDIR/data once, then reads it as TFRecords
@@ -569,8 +569,8 @@ def export_checkpoint(config, workdir: str, checkpoint: str = "", export_format:
     the vocabulary the model was trained with, and the vocab padding is removed.
     """
     from bert_jax import export  # pylint: disable=import-outside-toplevel
-    from bert_jax import tokenization  # pylint: disable=import-outside-toplevel
-    from bert_jax import workdir_data  # pylint: disable=import-outside-toplevel
+    from bert_jax.data import tokenization  # pylint: disable=import-outside-toplevel
+    from bert_jax.data import workdir as workdir_data  # pylint: disable=import-outside-toplevel
     if config.data.source == "corpus":
         workdir_data.prepare(config, workdir)  # finds WORKDIR/data: the tokenizer and the padded vocab size
     model_config = model_lib.BertConfig.from_config(config.model)

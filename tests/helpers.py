@@ -5,7 +5,7 @@ import os
 import jax
 import numpy as np
 
-from bert_jax import input_pipeline
+from bert_jax.data import input_pipeline
 from bert_jax import model as model_lib
 from bert_jax import optim
 from bert_jax import sharding as sharding_lib

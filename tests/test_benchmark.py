@@ -1,4 +1,4 @@
-"""Smoke test of the train-step benchmark (bert_jax.benchmark): figures present and consistent, never timed."""
+"""Smoke test of the train-step benchmark (bert_jax.benchmarks.step): figures present and consistent, never timed."""
 
 import subprocess
 import sys
@@ -8,8 +8,8 @@ import jax
 import numpy as np
 import pytest
 
-from bert_jax import benchmark
-from bert_jax import matmul_bound
+from bert_jax.benchmarks import step as benchmark
+from bert_jax.benchmarks import matmul_bound
 from bert_jax import model as model_lib
 from tests.helpers import ROOT
 
@@ -131,7 +131,7 @@ def test_synthetic_batch_masks_distinct_real_tokens():
 
 def test_benchmark_imports_no_tensorflow_or_torch():
     # It must run on a JAX-only accelerator image: torch is imported only when the comparison runs.
-    code = ("import sys, bert_jax.benchmark; bad = sorted({m.split('.')[0] for m in sys.modules} & "
+    code = ("import sys, bert_jax.benchmarks.step; bad = sorted({m.split('.')[0] for m in sys.modules} & "
             "{'tensorflow', 'torch', 'transformers'}); assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=120)
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from bert_jax import checkpoint as checkpoint_lib
-from bert_jax import input_pipeline
+from bert_jax.data import input_pipeline
 from bert_jax import model as model_lib
 from bert_jax import optim
 from bert_jax import sharding as sharding_lib

@@ -12,7 +12,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from bert_jax import corpus
+from bert_jax.data import corpus
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAMPLE_TEXT = os.path.join(ROOT, "tests", "fixtures", "google_bert", "sample_text.txt")

@@ -23,7 +23,7 @@ from transformers import activations
 
 from bert_jax import export
 from bert_jax import model as model_lib
-from bert_jax import tokenization
+from bert_jax.data import tokenization
 from tests import helpers
 
 VOCAB = os.path.join(helpers.FIXTURES, "vocab_uncased.txt")

@@ -15,11 +15,11 @@ import pytest
 
 from bert_jax import checkpoint as checkpoint_lib
 from bert_jax import finetune
-from bert_jax import finetune_data
+from bert_jax.data import finetune_data
 from bert_jax import model as model_lib
 from bert_jax import optim
 from bert_jax import sharding as sharding_lib
-from bert_jax import tokenization
+from bert_jax.data import tokenization
 from bert_jax import train
 from configs import finetune as finetune_configs
 from tests import helpers

@@ -1,4 +1,4 @@
-"""Tests of bert_jax.input_pipeline against records written by the original google-research/bert tools."""
+"""Tests of bert_jax.data.input_pipeline against records written by the original google-research/bert tools."""
 
 import itertools
 import json
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from bert_jax import input_pipeline
-from bert_jax import masking
+from bert_jax.data import input_pipeline
+from bert_jax.data import masking
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "google_bert"
 SEQ128 = FIXTURES / "sample_seq128.tfrecord"

@@ -1,4 +1,4 @@
-"""bert_jax.matmul_bound: the matmuls it finds in a step (counts and FLOPs, exactly) and the bound it sums from them."""
+"""bert_jax.benchmarks.matmul_bound: the matmuls it finds in a step (counts and FLOPs, exactly) and the bound it sums from them."""
 
 import re
 
@@ -7,9 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import benchmark
+from bert_jax.benchmarks import step as benchmark
 from bert_jax import cpu_gemm
-from bert_jax import matmul_bound
+from bert_jax.benchmarks import matmul_bound
 from bert_jax import model as model_lib
 from bert_jax import optim
 from bert_jax import sharding as sharding_lib

@@ -14,7 +14,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
 from bert_jax import export
-from bert_jax import matmul_bound
+from bert_jax.benchmarks import matmul_bound
 from bert_jax import model as model_lib
 from bert_jax import optim
 from tests import helpers

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from bert_jax import input_pipeline
+from bert_jax.data import input_pipeline
 from bert_jax import model as model_lib
-from bert_jax import packing
+from bert_jax.data import packing
 from bert_jax import sharding as sharding_lib
 from bert_jax import train
 from configs import pretrain

@@ -1,4 +1,4 @@
-"""Tests of bert_jax.pretraining_data: exact agreement with the original google-research/bert tool, the statistics
+"""Tests of bert_jax.data.create: exact agreement with the original google-research/bert tool, the statistics
 of the instances it makes, determinism across workers and shards, and errors on bad input."""
 
 import collections
@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from bert_jax import corpus
-from bert_jax import input_pipeline
-from bert_jax import pretraining_data
-from bert_jax import tokenization
-from bert_jax.pretraining_data import DataOptions
+from bert_jax.data import corpus
+from bert_jax.data import input_pipeline
+from bert_jax.data import create as pretraining_data
+from bert_jax.data import tokenization
+from bert_jax.data.create import DataOptions
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures" / "google_bert"
@@ -127,7 +127,7 @@ def test_reproduces_original_records_byte_for_byte(tmp_path, whole_word_mask, fi
 
 
 def test_command_line_with_original_flag_names_reproduces_fixture(tmp_path):
-    command = [sys.executable, "-m", "bert_jax.pretraining_data", f"--input_file={SAMPLE_TEXT}",
+    command = [sys.executable, "-m", "bert_jax.data.create", f"--input_file={SAMPLE_TEXT}",
                f"--output_dir={tmp_path}", f"--vocab_file={VOCAB}", "--do_lower_case=True", "--max_seq_length=128",
                "--max_predictions_per_seq=20", "--masked_lm_prob=0.15", "--random_seed=12345", "--dupe_factor=5",
                "--do_whole_word_mask=True", "--num_workers=2", "--noprogress"]
@@ -538,7 +538,7 @@ def test_hand_framed_tfrecords_equal_tensorflows(tmp_path):
 
 def test_local_data_creation_does_not_import_tensorflow(tmp_path):
     # TensorFlow costs seconds and ~600 MB: a local run must not load it in the process feeding the workers.
-    script = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); from bert_jax import pretraining_data as p; "
+    script = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); from bert_jax.data import create as p; "
               f"p.create_pretraining_data({SAMPLE_TEXT!r}, {VOCAB!r}, {str(tmp_path)!r}, p.DataOptions(dupe_factor=1), "
               "num_workers=0, progress=False); print('tensorflow' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)

@@ -7,9 +7,9 @@ import json
 import pytest
 import tensorflow as tf
 
-from bert_jax import pretraining_data
-from bert_jax import pretraining_data_beam
-from bert_jax import tokenization
+from bert_jax.data import create as pretraining_data
+from bert_jax.data import create_beam as pretraining_data_beam
+from bert_jax.data import tokenization
 from tests import helpers
 
 beam = pytest.importorskip("apache_beam", reason="the Beam pipeline is an optional extra: pip install -e .[beam]")

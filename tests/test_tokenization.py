@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from pydoc_data.topics import topics
 
-from bert_jax import tokenization
-from bert_jax.tokenization import SPECIAL_TOKENS, load_tokenizer, padded_vocab_size
+from bert_jax.data import tokenization
+from bert_jax.data.tokenization import SPECIAL_TOKENS, load_tokenizer, padded_vocab_size
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "google_bert")
 UNCASED_VOCAB = os.path.join(FIXTURES, "vocab_uncased.txt")
@@ -225,7 +225,7 @@ def test_load_and_encode_in_forked_workers(uncased, tmp_path):
 
 
 def test_local_loading_does_not_import_tensorflow():
-    code = ("import sys; from bert_jax.tokenization import load_tokenizer; "
+    code = ("import sys; from bert_jax.data.tokenization import load_tokenizer; "
             f"load_tokenizer({UNCASED_VOCAB!r}).encode_batch(['x']); assert 'tensorflow' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=120)
 

@@ -1,7 +1,7 @@
-"""Input-pipeline benchmark: `python -m bert_jax.benchmark_input --num_records=100000 --batch_size=256`.
+"""Input-pipeline benchmark: `python -m bert_jax.benchmarks.input --num_records=100000 --batch_size=256`.
 
 Writes random pretraining records (unmasked ones, and masked ones for the static row) to --data_dir or a temporary
-directory, then times the whole training pipeline of bert_jax.input_pipeline: read, shuffle, batch, parse, mask,
+directory, then times the whole training pipeline of bert_jax.data.input_pipeline: read, shuffle, batch, parse, mask,
 prefetch and as_numpy_iterator. One table row per layout: sequences/s over --batches batches after --warmup, the
 median of --repeats fresh pipelines (other load on the machine shows up as a wide range).
 The records follow the BERT layout ([CLS] A [SEP] B [SEP], trailing padding) with lengths spread over
@@ -18,7 +18,7 @@ from absl import flags
 import numpy as np
 import tensorflow as tf
 
-from bert_jax import input_pipeline
+from bert_jax.data import input_pipeline
 
 flags.DEFINE_string("data_dir", "", "Where to write (or find, if present) the records; empty means a temp dir.")
 flags.DEFINE_integer("num_records", 100_000, "Records of each layout.")

@@ -7,7 +7,7 @@ Every function here returns host-local batches of `batch_size` sequences for thi
 global jax.Array is the sharding module's job. Batches are dicts of numpy arrays:
 input_ids, input_mask, segment_ids int32 [B, S]; masked_lm_positions, masked_lm_ids int32 [B, P];
 masked_lm_weights float32 [B, P]; next_sentence_labels int32 [B].
-With data.pack, rows are packed instances instead, in the layout of bert_jax.packing (position_ids, instance_ids,
+With data.pack, rows are packed instances instead, in the layout of bert_jax.data.packing (position_ids, instance_ids,
 nsp_positions and nsp_weights besides; NSP fields [B, max_instances_per_row]).
 """
 
@@ -19,9 +19,9 @@ from absl import logging
 import numpy as np
 import tensorflow as tf
 
-from bert_jax import packing as packing_lib
-from bert_jax.masking import CLS_ID, MASK_ID, PAD_ID, SEP_ID  # noqa: F401  (re-exported for callers)
-from bert_jax.masking import check_masking_args, dynamic_mask, restore_original_tokens
+from bert_jax.data import packing as packing_lib
+from bert_jax.data.masking import CLS_ID, MASK_ID, PAD_ID, SEP_ID  # noqa: F401  (re-exported for callers)
+from bert_jax.data.masking import check_masking_args, dynamic_mask, restore_original_tokens
 
 # tf.data only needs the CPU. Left alone, TensorFlow would reserve accelerator memory that JAX needs.
 try:
@@ -212,7 +212,7 @@ def tfrecord_dataset(patterns: str, *, batch_size: int, max_seq_length: int, max
     replacements; `whole_word_continuation` (numpy bool [vocab_size], True for "##" pieces) masks whole words.
 
     With `packing`, records are read (and masked) in windows of packing.window instances, each window is packed
-    into rows (bert_jax.packing) and the rows are batched `batch_size` at a time.
+    into rows (bert_jax.data.packing) and the rows are batched `batch_size` at a time.
     """
     if not 0 <= process_index < process_count:
         raise ValueError(f"process_index={process_index} is outside [0, process_count={process_count})")

@@ -1,12 +1,12 @@
 """Pretraining data for corpora beyond one machine: the same per-chunk transform as an Apache Beam pipeline.
 
 `pip install -e .[beam]`, then for example
-    python -m bert_jax.pretraining_data_beam --input_file='gs://bucket/text/*.txt' --vocab_file=gs://bucket/vocab.txt \
+    python -m bert_jax.data.create_beam --input_file='gs://bucket/text/*.txt' --vocab_file=gs://bucket/vocab.txt \
         --output_dir=gs://bucket/data --num_shards=1024 -- --runner=DataflowRunner --project=... --region=...
 (everything after `--` goes to Beam as pipeline options; without it the local DirectRunner runs).
 
 Each input file is read by one worker and cut into chunks of `documents_per_chunk` documents; each chunk goes through
-exactly the `ChunkProcessor` that `bert_jax.pretraining_data` uses (the original create_pretraining_data.py
+exactly the `ChunkProcessor` that `bert_jax.data.create` uses (the original create_pretraining_data.py
 algorithm per chunk) with `random.Random(f"{seed}:{file_index}/{chunk_index}")`, files numbered in sorted order.
 Differences from the single-machine tool, both for the sake of reading files in parallel: a document never spans
 two files (the original carries a document on into the next file when a file does not end with a blank line), and
@@ -21,10 +21,10 @@ from absl import app
 from absl import flags
 from absl import logging
 
-from bert_jax import corpus
+from bert_jax.data import corpus
 from bert_jax import fileio
-from bert_jax import pretraining_data
-from bert_jax import tokenization
+from bert_jax.data import create as pretraining_data
+from bert_jax.data import tokenization
 
 _COUNTERS = ("documents", "sentences", "instances", "tokens", "predictions", "random_next")
 

@@ -1,4 +1,4 @@
-"""Compile-time benchmark: `python -m bert_jax.benchmark_compile --size=large --layers=6,12,24`.
+"""Compile-time benchmark: `python -m bert_jax.benchmarks.compile --size=large --layers=6,12,24`.
 
 Traces, lowers and compiles the real train step for several depths, with the layers scanned (model.scan_layers)
 and unrolled: with the scan, compile time should not grow with depth.

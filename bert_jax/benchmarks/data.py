@@ -1,6 +1,6 @@
 """Benchmark of pretraining-data creation: this project's tool against the original google-research/bert one.
 
-    python -m bert_jax.benchmark_data [--original_dir=/path/to/google-research-bert-checkout]
+    python -m bert_jax.benchmarks.data [--original_dir=/path/to/google-research-bert-checkout]
 
 Builds a ~1.1 MB corpus in the original layout from the offline demo corpus, runs ours (all cores, static masking,
 seq 128, 20 predictions, dupe_factor 5, the uncased BERT vocab) and, with --original_dir, the original
@@ -24,7 +24,7 @@ from absl import app
 from absl import flags
 import psutil
 
-from bert_jax import corpus
+from bert_jax.data import corpus
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_VOCAB = os.path.join(ROOT, "tests", "fixtures", "google_bert", "vocab_uncased.txt")
@@ -116,7 +116,7 @@ def count_records(path: str) -> int:
 
 def run_ours(corpus_path: str, output_dir: str, vocab_file: str, num_workers: int | None,
              documents_per_chunk: int) -> dict:
-    command = [sys.executable, "-m", "bert_jax.pretraining_data", f"--input_file={corpus_path}",
+    command = [sys.executable, "-m", "bert_jax.data.create", f"--input_file={corpus_path}",
                f"--output_dir={output_dir}", f"--vocab_file={vocab_file}", *COMMON_FLAGS,
                f"--documents_per_chunk={documents_per_chunk}", "--noprogress", "--overwrite"]
     if num_workers is not None:

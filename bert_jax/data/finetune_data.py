@@ -11,7 +11,7 @@ from absl import logging
 import numpy as np
 
 from bert_jax import fileio
-from bert_jax import tokenization
+from bert_jax.data import tokenization
 
 FORMATS = ("auto", "csv", "tsv", "tfds", "txt")
 TFDS_PREFIX = "tfds:"

@@ -4,7 +4,7 @@ Sentence pairs from documents (`create_instances_from_document`), the masked-LM 
 (`create_masked_lm_predictions`) and `truncate_seq_pair` consume a `random.Random` in exactly the order of
 google-research/bert's create_pretraining_data.py, so the same seed gives the same instances. `serialize_example`
 writes the original feature layout with a hand-written protobuf encoder (the protobuf classes cost more than
-making the instances). Orchestration over a corpus lives in bert_jax.pretraining_data.
+making the instances). Orchestration over a corpus lives in bert_jax.data.create.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Training-step benchmark: `python -m bert_jax.benchmark --size=base --seq_length=128 --batch_size=8`.
+"""Training-step benchmark: `python -m bert_jax.benchmarks.step --size=base --seq_length=128 --batch_size=8`.
 
 For each preset it measures, in one run on the current platform: the device's matmul ceiling, the compile time and
 median wall time of the real sharded train step, sequences/s, tokens/s, model FLOPs per step, model-FLOPs
@@ -30,7 +30,7 @@ import numpy as np
 
 from bert_jax import cpu_gemm
 from bert_jax import host_malloc
-from bert_jax import matmul_bound as matmul_bound_lib
+from bert_jax.benchmarks import matmul_bound as matmul_bound_lib
 from bert_jax import metrics as metrics_lib
 from bert_jax import model as model_lib
 from bert_jax import optim
@@ -93,7 +93,7 @@ def peak_rss_bytes() -> int:
 def matmul_ceiling(size: int, dtype, repeats: int = 10, blas: bool = False) -> float:
     """Measured FLOP/s of one square matmul on the first device: the practical ceiling for this dtype.
 
-    XLA's dot, or with `blas` the BLAS sgemm custom call (bert_jax.cpu_gemm); timed as bert_jax.matmul_bound times
+    XLA's dot, or with `blas` the BLAS sgemm custom call (bert_jax.cpu_gemm); timed as bert_jax.benchmarks.matmul_bound times
     the step's own matmuls (operands on the device, compiled once, the median of `repeats` calls)."""
     name = jnp.dtype(dtype).name
     square = matmul_bound_lib.Matmul("sgemm" if blas else "dot_general", (size, size), name, (size, size), name,
@@ -171,7 +171,7 @@ def benchmark_step(size: str, seq_length: int, batch_size: int, max_predictions:
     FLOPs the step executes (step_matmul_flops_per_sequence * batch_size: fewer, the last layer runs at the rows
     the heads read), the first and last step's loss, the memory figures, and the synthetic batch (for feeding
     another framework the same inputs).
-    matmuls: also, after the steps, bert_jax.matmul_bound's account of the step's matmuls each timed alone
+    matmuls: also, after the steps, bert_jax.benchmarks.matmul_bound's account of the step's matmuls each timed alone
     ("matmuls"; None, with "matmuls_skipped" saying why, on more than one device); matmul_flops_per_s, the rate
     expected of one device (its measured ceiling), sizes the loops that time them.
     """
@@ -358,7 +358,7 @@ def add_matmul_bound_fields(result: dict, ceiling: float) -> None:
 
 
 def matmul_bound_lines(results, ceiling: float, shapes: bool = False) -> list[str]:
-    """The step's matmuls each timed alone (bert_jax.matmul_bound), per preset: their total time, its share of the
+    """The step's matmuls each timed alone (bert_jax.benchmarks.matmul_bound), per preset: their total time, its share of the
     measured step, and the MFU the step would have if it took only that long (the most these kernels allow).
 
     Reads result["matmul_s"] and result["mfu_matmul_bound"] (see `add_matmul_bound_fields`)."""

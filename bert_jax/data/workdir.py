@@ -6,7 +6,7 @@ epoch) and statically masked evaluation instances (fixed masks, so evaluations a
 
 It runs once: later runs in the same workdir (a resumed run, say) find WORKDIR/data/READY.json and reuse the data,
 as long as the data settings match. Only process 0 builds; the others wait for it. For corpora that need many
-machines, run `bert_jax.pretraining_data_beam` separately and train with `data.source=tfrecord`.
+machines, run `bert_jax.data.create_beam` separately and train with `data.source=tfrecord`.
 """
 
 import functools
@@ -16,10 +16,10 @@ import os
 from absl import logging
 import jax
 
-from bert_jax import corpus as corpus_lib
+from bert_jax.data import corpus as corpus_lib
 from bert_jax import fileio
-from bert_jax import pretraining_data
-from bert_jax import tokenization
+from bert_jax.data import create as pretraining_data
+from bert_jax.data import tokenization
 
 READY_FILE = "READY.json"
 TOKENIZER_KINDS = ("wordpiece", "sentencepiece_unigram", "sentencepiece_bpe")

@@ -1,4 +1,4 @@
-"""Checkpoint benchmark: `python -m bert_jax.benchmark_checkpoint --size=base,large`.
+"""Checkpoint benchmark: `python -m bert_jax.benchmarks.checkpoint --size=base,large`.
 
 For each preset it creates the real train state (fp32 parameters + AdamW moments) on all devices and prints:
 how long an asynchronous save blocks the caller (the copy to host memory) and, where the train step is timed
@@ -18,7 +18,7 @@ import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from bert_jax import checkpoint as checkpoint_lib
-from bert_jax import input_pipeline
+from bert_jax.data import input_pipeline
 from bert_jax import model as model_lib
 from bert_jax import optim
 from bert_jax import sharding as sharding_lib

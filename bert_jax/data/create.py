@@ -44,12 +44,12 @@ from typing import Callable, Iterable, Iterator, Sequence
 from absl import logging
 import tqdm
 
-from bert_jax import corpus
+from bert_jax.data import corpus
 from bert_jax import fileio
-from bert_jax import instances as instances_lib
-from bert_jax import tokenization
+from bert_jax.data import instances as instances_lib
+from bert_jax.data import tokenization
 # The instance algorithm and its encoding, re-exported: this module is the public face of data creation.
-from bert_jax.instances import (MASKED_FEATURES, UNMASKED_FEATURES, TrainingInstance,  # noqa: F401
+from bert_jax.data.instances import (MASKED_FEATURES, UNMASKED_FEATURES, TrainingInstance,  # noqa: F401
                                 create_instances_from_document, create_masked_lm_predictions, serialize_example,
                                 truncate_seq_pair)
 

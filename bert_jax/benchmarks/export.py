@@ -1,4 +1,4 @@
-"""Export / import benchmark: `python -m bert_jax.benchmark_export --size=base`.
+"""Export / import benchmark: `python -m bert_jax.benchmarks.export --size=base`.
 
 Writes a preset's parameters as one of our Orbax checkpoints, then times: export of that checkpoint to a
 HuggingFace directory and to the Flax format, import of each back (bert_jax.export.load_pretrained), and loading the
@@ -17,7 +17,7 @@ import numpy as np
 
 from bert_jax import checkpoint as checkpoint_lib
 from bert_jax import export
-from bert_jax import input_pipeline
+from bert_jax.data import input_pipeline
 from bert_jax import model as model_lib
 from bert_jax import optim
 from bert_jax import sharding as sharding_lib

@@ -110,11 +110,6 @@ def get_config(arg=None):
     # One nn.scan over the layers: compile time independent of depth; parameters stacked under "layers" with a
     # leading layer axis (model.unstack_layers / stack_layers convert; exports unstack automatically).
     model.scan_layers = False
-    # Matmuls: "auto" | "xla" | "blas". blas: every weight, attention and MLM-decoder matmul through bert_jax.cpu_gemm,
-    # an sgemm custom call into the OpenBLAS that SciPy ships, built on first use with the machine's C++ compiler
-    # (XLA:CPU, float32, one device; not with remat="matmuls"). auto: the BLAS call for the vocab-sized MLM decoder
-    # only, where XLA:CPU's dots are slowest, when it can run; XLA's dots everywhere else (GPU, TPU, bfloat16, meshes).
-    model.matmul = "auto"
 
     config.mesh = mesh_config()
 

@@ -1,4 +1,7 @@
-"""The BERT model: parameter counts, padding invariance, tied decoder, activations, config validation."""
+"""The BERT model: parameter names and counts, padding invariance, tied decoder, activations, mixed precision,
+config validation, FLOPs formulas."""
+
+import dataclasses
 
 import flax.linen as nn
 import jax
@@ -8,6 +11,7 @@ import pytest
 
 from bert_jax import model as model_lib
 from configs import pretrain
+from tests import helpers
 
 
 def _preset(size):
@@ -26,6 +30,58 @@ def test_parameter_count_equals_huggingface_bert_for_pretraining(size, expected)
     # allocates nothing.
     params = _abstract_params(_preset(size))
     assert sum(leaf.size for leaf in jax.tree.leaves(params)) == expected
+
+
+_LAYER_PARAMETERS = {  # name: logical axes (export to HuggingFace and checkpoints read these names)
+    "attention/query/kernel": ("embed", "heads"), "attention/query/bias": ("heads",),
+    "attention/key/kernel": ("embed", "heads"), "attention/key/bias": ("heads",),
+    "attention/value/kernel": ("embed", "heads"), "attention/value/bias": ("heads",),
+    "attention/output/kernel": ("heads", "embed"), "attention/output/bias": ("norm",),
+    "attention_layer_norm/scale": ("norm",), "attention_layer_norm/bias": ("norm",),
+    "intermediate/kernel": ("embed", "mlp"), "intermediate/bias": ("mlp",),
+    "output/kernel": ("mlp", "embed"), "output/bias": ("norm",),
+    "output_layer_norm/scale": ("norm",), "output_layer_norm/bias": ("norm",),
+}
+_OTHER_PARAMETERS = {
+    "embeddings/word_embeddings/embedding": ("vocab", "embed"),
+    "embeddings/position_embeddings/embedding": ("position", "embed"),
+    "embeddings/token_type_embeddings/embedding": ("segment", "embed"),
+    "embeddings/LayerNorm/scale": ("norm",), "embeddings/LayerNorm/bias": ("norm",),
+    "pooler/kernel": ("embed", None), "pooler/bias": (None,),
+}
+_PRETRAINING_HEADS = {
+    "nsp_head/kernel": ("embed", "classes"), "nsp_head/bias": ("classes",),
+    "mlm_transform/kernel": ("embed", None), "mlm_transform/bias": (None,),
+    "mlm_layer_norm/scale": ("norm",), "mlm_layer_norm/bias": ("norm",), "mlm_output_bias": ("vocab",),
+}
+
+
+def _names(variables):
+    boxes = jax.tree_util.tree_leaves_with_path(variables["params"],
+                                                is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned))
+    return {"/".join(key.key for key in path): box.names for path, box in boxes}
+
+
+@pytest.mark.parametrize("scan_layers", [False, True])
+def test_parameter_names_and_logical_axes(scan_layers):
+    config = model_lib.BertConfig(vocab_size=97, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
+                                  max_position_embeddings=16, scan_layers=scan_layers)
+    ids = jnp.zeros((1, 8), jnp.int32)
+    if scan_layers:
+        layers = {f"layers/{name}": ("layers", *axes) for name, axes in _LAYER_PARAMETERS.items()}
+    else:
+        layers = {f"layer_{i}/{name}": axes for i in range(2) for name, axes in _LAYER_PARAMETERS.items()}
+    encoder = {**_OTHER_PARAMETERS, **layers}
+    pretraining = jax.eval_shape(lambda: model_lib.BertForPreTraining(config).init(
+        jax.random.key(0), ids, ids, ids, jnp.zeros((1, 2), jnp.int32)))
+    assert _names(pretraining) == {**encoder, **_PRETRAINING_HEADS}
+    features = jax.eval_shape(lambda: model_lib.BertModel(config).init(jax.random.key(0), ids, ids, ids))
+    assert _names(features) == encoder
+    classifier = jax.eval_shape(lambda: model_lib.BertForSequenceClassification(config, 3).init(
+        jax.random.key(0), ids, ids, ids))
+    assert _names(classifier) == {**encoder, "classifier/kernel": ("embed", "classes"), "classifier/bias": ("classes",)}
+    assert all(model_lib.is_encoder_parameter(name.split("/")[0]) for name in encoder)
+    assert not any(model_lib.is_encoder_parameter(name.split("/")[0]) for name in _PRETRAINING_HEADS)
 
 
 def test_every_parameter_has_logical_axis_names():
@@ -134,6 +190,33 @@ def test_initialisation_is_truncated_normal_with_stddev_002():
     np.testing.assert_array_equal(params["layer_0"]["intermediate"]["bias"], 0.0)
 
 
+def test_bfloat16_training_tracks_float32():
+    losses = {}
+    for dtype in ("float32", "bfloat16"):
+        config = helpers.tiny_config()
+        config.model.dtype = dtype
+        losses[dtype], state, _ = helpers.train_steps(config, jax.devices()[:1], 6)
+        assert all(leaf.dtype == jnp.float32 for leaf in jax.tree.leaves(state.params))
+    # Six AdamW steps of the tiny preset on one batch: the loss falls by more than 1; bfloat16 compute stays
+    # within 0.01 of float32 at every step.
+    assert losses["float32"][-1] < losses["float32"][0] - 1.0, losses
+    np.testing.assert_allclose(losses["bfloat16"], losses["float32"], atol=0.01)
+
+
+def test_bfloat16_layer_norm_statistics_are_float32():
+    config = model_lib.BertConfig(dtype="bfloat16")
+    layer_norm = model_lib._layer_norm(config, "norm")  # pylint: disable=protected-access
+    x = jnp.asarray(np.random.default_rng(0).normal(3.0, 2.0, (4, 1024)), jnp.bfloat16)
+    ln_params = layer_norm.init(jax.random.key(0), x)
+    jaxpr = jax.make_jaxpr(lambda x: layer_norm.apply(ln_params, x))(x)
+    reductions = [eqn for eqn in jaxpr.jaxpr.eqns if eqn.primitive.name == "reduce_sum"]
+    assert reductions and all(eqn.outvars[0].aval.dtype == jnp.float32 for eqn in reductions)
+    exact = np.asarray(x, np.float64)
+    exact = (exact - exact.mean(-1, keepdims=True)) / np.sqrt(exact.var(-1, keepdims=True) + config.layer_norm_eps)
+    np.testing.assert_allclose(np.asarray(layer_norm.apply(ln_params, x), np.float64), exact, rtol=2 ** -7,
+                               atol=2 ** -7)
+
+
 def test_bfloat16_compute_keeps_float32_parameters():
     config, model, params, ids, segments, positions = _small_model(dtype="bfloat16")
     assert all(leaf.dtype == jnp.float32 for leaf in jax.tree.leaves(params))
@@ -158,6 +241,12 @@ def test_bad_model_config_names_the_field(field, value, message):
         model_lib.BertConfig.from_config(config.model)
 
 
+def test_unknown_model_config_fields_are_refused():
+    values = pretrain.get_config("size=tiny").model.to_dict()
+    with pytest.raises(ValueError, match=r"config.model has unknown fields \['matmul'\]"):
+        model_lib.BertConfig.from_config({**values, "matmul": "auto"})
+
+
 def test_model_flops_formula_for_base():
     config = _preset("base")
     flops = model_lib.model_flops_per_sequence(config, 128, 20)
@@ -165,3 +254,15 @@ def test_model_flops_formula_for_base():
     encoder = 6 * 12 * (4 * 768 * 768 + 2 * 768 * 3072) * 128 + 12 * 12 * 768 * 128 * 128
     head = 6 * 20 * (768 * 768 + 768 * 30522)
     assert flops == pytest.approx(encoder + head + 6 * (768 * 768 + 2 * 768))
+
+
+def test_step_matmul_flops_count_the_last_layer_at_the_head_rows_unless_scanned():
+    config = _preset("base")
+    full = model_lib.model_flops_per_sequence(config, 128, 20)
+    # Unrolled: 128 - 1 [CLS] - 20 masked rows of the last layer skip their projections, feed-forward and attention.
+    skipped = (128 - 1 - 20) * 12 * 768 * (768 + 3072 + 128)
+    assert model_lib.step_matmul_flops_per_sequence(config, 128, 20) == full - skipped
+    assert model_lib.step_matmul_flops_per_sequence(config, 128, 20, cls_rows=3) == full - skipped + 2 * (
+        12 * 768 * (768 + 3072 + 128))
+    scanned = dataclasses.replace(config, scan_layers=True)
+    assert model_lib.step_matmul_flops_per_sequence(scanned, 128, 20) == full

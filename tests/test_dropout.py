@@ -1,0 +1,85 @@
+"""Dropout (flax.linen.Dropout, the "dropout" RNG stream): its rate and scale, in the model's training forward pass
+too, and masks that do not depend on the sharding.
+
+The tolerances are six binomial standard deviations of the dropped fraction: a correct dropout with any key
+falls outside with probability about 2e-9, so the tests cannot flake, while a wrong rate (or a mask reused where
+it should be fresh) shows at these sample sizes.
+"""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
+
+from bert_jax import model as model_lib
+
+
+def _assert_dropout_statistics(inputs, outputs, rate):
+    """Of the nonzero inputs, a fraction `rate` is zeroed (to six standard deviations), the rest scaled by
+    exactly 1 / (1 - rate)."""
+    inputs, outputs = np.asarray(inputs, np.float32), np.asarray(outputs, np.float32)
+    candidates = inputs != 0
+    count = int(candidates.sum())
+    dropped = (outputs == 0) & candidates
+    tolerance = 6 * np.sqrt(rate * (1 - rate) / count)
+    assert abs(dropped.sum() / count - rate) < tolerance, (dropped.sum() / count, rate, count)
+    kept = candidates & ~dropped
+    np.testing.assert_allclose(outputs[kept], inputs[kept] / np.float32(1 - rate), rtol=1e-6)
+
+
+def test_dropout_drops_its_rate_and_scales_kept_elements():
+    assert jax.config.jax_threefry_partitionable  # jax 0.10's default: masks do not depend on the sharding
+    ones = jnp.ones((64, 128, 128))  # 1M decisions: six standard deviations are 0.0018 at rate 0.1
+    for rate in (0.1, 0.5):
+        dropped = nn.Dropout(rate).apply({}, ones, deterministic=False, rngs={"dropout": jax.random.key(2)})
+        _assert_dropout_statistics(ones, dropped, rate)
+    np.testing.assert_array_equal(nn.Dropout(0.1).apply({}, ones, deterministic=True), ones)
+
+
+def test_every_dropout_of_the_training_forward_pass_drops_its_rate():
+    # The train step's form of the model (the last layer at the [CLS] and masked rows only), with every dropout
+    # recorded: the embeddings', each layer's on the attention probabilities, the attention output and the
+    # feed-forward output.
+    config = model_lib.BertConfig(vocab_size=128, hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128,
+                                  max_position_embeddings=64, dropout_rate=0.1, attention_dropout_rate=0.2)
+    rng = np.random.default_rng(0)
+    ids = rng.integers(1, 128, size=(8, 64)).astype(np.int32)
+    inputs = dict(input_ids=ids, input_mask=np.ones_like(ids), segment_ids=np.zeros_like(ids),
+                  masked_lm_positions=rng.integers(1, 64, size=(8, 10)).astype(np.int32))
+    model = model_lib.BertForPreTraining(config)
+    params = model.init(jax.random.key(0), **inputs)
+    calls = []
+
+    def record(next_fun, args, kwargs, context):
+        outputs = next_fun(*args, **kwargs)
+        if isinstance(context.module, nn.Dropout) and context.method_name == "__call__":
+            calls.append((context.module.rate, args[0], outputs))
+        return outputs
+
+    with nn.intercept_methods(record):
+        model.apply(params, **inputs, deterministic=False, sequence_output=False, rngs={"dropout": jax.random.key(1)})
+    shapes = [(rate, tuple(x.shape)) for rate, x, _ in calls]
+    hidden, probs, head_rows = (8, 64, 64), (8, 4, 64, 64), (8, 11, 64)
+    assert shapes == [(0.1, hidden),  # embeddings
+                      (0.2, probs), (0.1, hidden), (0.1, hidden),  # layer 0: probabilities, attention, feed-forward
+                      (0.2, (8, 4, 11, 64)), (0.1, head_rows), (0.1, head_rows)], shapes  # layer 1 at the head rows
+    for rate, x, dropped in calls:
+        _assert_dropout_statistics(x, dropped, rate)
+    # Each dropout draws its own mask.
+    masks = [np.asarray(dropped == 0) for rate, _, dropped in calls if rate == 0.1 and dropped.shape == hidden]
+    assert len(masks) == 3 and not np.array_equal(masks[0], masks[1]) and not np.array_equal(masks[1], masks[2])
+
+
+def test_dropout_mask_is_the_same_under_any_sharding():
+    shape = (8, 4, 16, 32)
+
+    def dropped(key):
+        return nn.Dropout(0.1).apply({}, jnp.ones(shape), deterministic=False, rngs={"dropout": key})
+
+    expected = np.asarray(jax.jit(dropped)(jax.random.key(7)))
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:8]).reshape(4, 2), ("data", "model"))
+    for spec in (PartitionSpec("data"), PartitionSpec("data", "model"), PartitionSpec(None, None, "model")):
+        mask = jax.jit(dropped, out_shardings=NamedSharding(mesh, spec))(jax.random.key(7))
+        assert mask.sharding.spec == spec
+        np.testing.assert_array_equal(np.asarray(mask), expected)

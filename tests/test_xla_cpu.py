@@ -1,0 +1,48 @@
+"""The driver's XLA:CPU options (bert_jax.main.CPU_XLA_FLAGS, which tests/conftest.py sets too) take effect, and
+the reductions they fuse stay exact."""
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+
+def test_cpu_dots_run_through_onednn():
+    operand = jnp.ones((64, 64), jnp.float32)
+    compiled = jax.jit(lambda x: x @ x).lower(operand).compile().as_text()
+    assert "onednn" in compiled, "XLA:CPU dots are not going through oneDNN: the driver's XLA flags not applied?"
+
+
+_REDUCTIONS = {
+    # name: (jax function, numpy float64 reference, compiled as a ynn fusion), on x [8, 32, 96] and a constant
+    # c [96, 40]. XLA turns a matrix-vector product with ones into a dot followed by a reduce-window, without ynn.
+    "column_sum": (lambda x, c: jnp.sum(x, (0, 1)), lambda x, c: x.sum((0, 1)), True),
+    "sum_of_squares": (lambda x, c: jnp.sum(x * x), lambda x, c: np.square(x).sum(), True),
+    "mean_last": (lambda x, c: jnp.mean(x, -1), lambda x, c: x.mean(-1), True),
+    "var_last": (lambda x, c: jnp.var(x, -1), lambda x, c: x.var(-1), True),
+    "max_last": (lambda x, c: jnp.max(x, -1), lambda x, c: x.max(-1), True),
+    "logsumexp": (lambda x, c: jax.nn.logsumexp(x, -1), lambda x, c: np.log(np.exp(x).sum(-1)), True),
+    "dot_with_constant_then_sum": (lambda x, c: jnp.sum(x @ jnp.asarray(c), (0, 1)),
+                                   lambda x, c: (x @ c).sum((0, 1)), True),
+    "dot_with_ones_then_sum": (lambda x, c: jnp.sum(x @ jnp.ones((96,), jnp.float32)), lambda x, c: x.sum(), False),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_REDUCTIONS))
+def test_cpu_reductions_under_the_ynn_reduce_fusion_equal_numpy(name):
+    """XLA:CPU's "ynn" fusion for reductions (bias gradients, LayerNorm statistics, softmax, the global gradient
+    norm): every kind of reduction the step uses stays finite and equals float64 numpy. Its dot fusions, which
+    returned NaN for a dot with a constant operand fused into a reduction, stay off."""
+    assert "--xla_cpu_experimental_ynn_fusion_type=reduce" in os.environ["XLA_FLAGS"].split()
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((8, 32, 96)).astype(np.float32)
+    c = rng.standard_normal((96, 40)).astype(np.float32)
+    fn, reference, via_ynn = _REDUCTIONS[name]
+    jitted = jax.jit(lambda x: fn(x, c))
+    assert ("__ynn_fusion" in jitted.lower(jnp.asarray(x)).compile().as_text()) == via_ynn, name
+    out = np.asarray(jitted(jnp.asarray(x)))
+    expected = reference(x.astype(np.float64), c.astype(np.float64))
+    assert np.all(np.isfinite(out)), f"{name}: non-finite values from XLA:CPU"
+    np.testing.assert_allclose(out, expected, rtol=2e-5, atol=2e-5 * float(np.abs(expected).max()))

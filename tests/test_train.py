@@ -73,18 +73,8 @@ def test_train_step_reports_every_metric():
     assert int(state.step) == 1
 
 
-def test_argmax_matches_equals_argmax_with_ties_and_bad_labels():
-    rng = np.random.default_rng(0)
-    # Small integer logits: most rows have several maxima, so ties (first maximum wins) are exercised.
-    logits = rng.integers(0, 4, size=(3, 7, 50)).astype(np.float32)
-    first = logits.argmax(-1)
-    last = logits.shape[-1] - 1 - logits[..., ::-1].argmax(-1)
-    labels = np.where(rng.random(first.shape) < 0.5, first, rng.integers(0, 50, size=first.shape))
-    for candidate in (labels, first, last, np.full_like(first, -1), np.full_like(first, 50)):
-        got = np.asarray(jax.jit(train.argmax_matches)(logits, candidate.astype(np.int32)))
-        np.testing.assert_array_equal(got, first == candidate)
-    assert (last != first).any()  # ties where the first and last maximum differ are exercised
-    # The MLM accuracy the step reports uses it: the same as argmax on a random model's real logits.
+def test_mlm_accuracy_counts_the_weighted_predictions_equal_to_the_label():
+    # Half the labels are set to the model's argmax prediction: the accuracy counts those (and chance matches).
     config = helpers.tiny_config()
     model = model_lib.BertForPreTraining(model_lib.BertConfig.from_config(config.model))
     batch = _batch(config)
@@ -156,21 +146,6 @@ def test_schedule_warms_up_then_decays(decay, power, midpoint):
     assert float(schedule(10)) == pytest.approx(1e-3)
     assert float(schedule(60)) == pytest.approx(midpoint)
     assert float(schedule(110)) == pytest.approx(0.0, abs=1e-12)
-
-
-@pytest.mark.parametrize("scale", [100.0, 0.01])
-def test_clipping_matches_optax(scale):
-    """optim.clip_by_global_norm: optax's clip (exactly when under the bound, to rounding when over) and its state."""
-    rng = np.random.default_rng(0)
-    grads = {"w": rng.normal(size=(4, 4)).astype(np.float32) * scale, "b": np.full((3,), scale, np.float32)}
-    ours, state = optim.clip_by_global_norm(1.0).update(grads, optim.clip_by_global_norm(1.0).init(grads))
-    theirs, their_state = optax.clip_by_global_norm(1.0).update(grads, optax.clip_by_global_norm(1.0).init(grads))
-    assert state == their_state
-    for name in grads:
-        if scale < 1:  # norm < 1: nothing is clipped, and nothing changes
-            np.testing.assert_array_equal(np.asarray(ours[name]), grads[name])
-        np.testing.assert_allclose(np.asarray(ours[name]), np.asarray(theirs[name]), rtol=3e-7, atol=0)
-    assert float(optax.tree.norm(ours)) == pytest.approx(min(1.0, float(optax.tree.norm(grads))), rel=1e-6)
 
 
 def test_optimizer_equals_the_optax_chain():

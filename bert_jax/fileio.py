@@ -1,16 +1,12 @@
 """Files on local disk or behind a URL scheme (gs://, s3://, ...): plain Python locally, tf.io.gfile otherwise.
 
 TensorFlow takes seconds and hundreds of MB to import; making pretraining data from local text into local shards
-should not pay that in the process that feeds the workers. The TFRecord framing is written by hand for the same
-reason (length, masked CRC-32C of the length, data, masked CRC-32C of the data), with google-crc32c's C code.
+should not pay that in the process that feeds the workers.
 """
 
 import glob as glob_lib
 import os
 import posixpath
-import struct
-
-import google_crc32c
 
 
 def is_remote(path: str) -> bool:
@@ -72,30 +68,3 @@ def open_file(path: str, mode: str = "r"):
     if is_remote(path):
         return _gfile().GFile(path, mode)
     return open(path, mode, encoding=None if "b" in mode else "utf-8")  # pylint: disable=consider-using-with
-
-
-def _masked_crc(data: bytes) -> int:
-    crc = google_crc32c.value(data)
-    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
-
-
-def frame_record(data: bytes) -> bytes:
-    """One record in the TFRecord file format."""
-    length = struct.pack("<Q", len(data))
-    return b"".join((length, struct.pack("<I", _masked_crc(length)), data, struct.pack("<I", _masked_crc(data))))
-
-
-class TFRecordWriter:
-    """Writes TFRecord files: by hand on local disk, through tf.io.TFRecordWriter elsewhere."""
-
-    def __init__(self, path: str):
-        if is_remote(path):
-            import tensorflow as tf  # pylint: disable=import-outside-toplevel
-            self._writer = tf.io.TFRecordWriter(path)
-            self.write = self._writer.write
-        else:
-            self._writer = open(path, "wb")  # pylint: disable=consider-using-with
-            self.write = lambda record: self._writer.write(frame_record(record))
-
-    def close(self) -> None:
-        self._writer.close()

@@ -15,8 +15,10 @@ from ml_collections import config_flags
 
 import bert_jax  # noqa: F401  (sets XLA flags before JAX starts)
 from bert_jax import finetune
+from bert_jax import pretraining
 from bert_jax import sharding
 from bert_jax import train
+from bert_jax.data import workdir
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/pretrain.py:size=base.",
@@ -54,38 +56,38 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     logging.get_absl_handler().addFilter(_quiet_checkpointing)
     sharding.initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
-    downstream = FLAGS.mode in ("finetune", "features")
+    config, mode, downstream = FLAGS.config, FLAGS.mode, FLAGS.mode in ("finetune", "features")
     try:
         if downstream:
-            finetune.validate_config(FLAGS.config, jax.device_count(), jax.process_count(), mode=FLAGS.mode)
+            finetune.validate_config(config, jax.device_count(), jax.process_count(), mode=mode)
         else:
-            train.validate_config(FLAGS.config, jax.device_count(), jax.process_count())
+            train.validate_config(config, jax.device_count(), jax.process_count())
     except (ValueError, KeyError, AttributeError) as error:
-        raise app.UsageError(f"bad config for --mode={FLAGS.mode}: {error} (--mode=finetune/features take "
+        raise app.UsageError(f"bad config for --mode={mode}: {error} (--mode=finetune/features take "
                              "configs/finetune.py, the other modes configs/pretrain.py)") from None
-    logging.info("config:\n%s", FLAGS.config)
-    if FLAGS.mode == "finetune":
-        results = finetune.finetune(FLAGS.config, FLAGS.workdir)
-        logging.info("done: %s", {k: round(v, 4) for k, v in results.items()})
+    if not downstream and config.data.source == "corpus":
+        # Data first: it sets the vocab size and the input files, so the config logged below is the one that runs.
+        # Every process calls it: process 0 makes (or reuses) WORKDIR/data while the others wait for it.
+        workdir.prepare(config, FLAGS.workdir)
+    logging.info("config:\n%s", config)
+    if mode == "features":
+        logging.info("features written to %s", finetune.extract_features(config, FLAGS.workdir))
         return
-    if FLAGS.mode == "features":
-        logging.info("features written to %s", finetune.extract_features(FLAGS.config, FLAGS.workdir))
+    if mode == "export":
+        logging.info("exported to %s", pretraining.export_checkpoint(config, FLAGS.workdir, FLAGS.checkpoint,
+                                                                     FLAGS.export_format, FLAGS.output))
         return
-    if FLAGS.mode == "export":
-        path = train.export_checkpoint(FLAGS.config, FLAGS.workdir, FLAGS.checkpoint, FLAGS.export_format,
-                                       FLAGS.output)
-        logging.info("exported to %s", path)
-        return
-    if FLAGS.mode == "eval":
-        results = train.evaluate_checkpoint(FLAGS.config, FLAGS.workdir, FLAGS.checkpoint)
-        logging.info("done: %s", {k: round(v, 4) for k, v in results.items()})
-        return
-    final = train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
-    if "preempted_at_step" in final:
+    if mode == "finetune":
+        results = finetune.finetune(config, FLAGS.workdir)
+    elif mode == "eval":
+        results = pretraining.evaluate_checkpoint(config, FLAGS.workdir, FLAGS.checkpoint)
+    else:
+        results = pretraining.train_and_evaluate(config, FLAGS.workdir)
+    if "preempted_at_step" in results:
         logging.info("stopped by SIGTERM after saving step %d; rerun the same command to resume",
-                     final["preempted_at_step"])
-        return
-    logging.info("done: %s", {k: round(v, 4) for k, v in final.items()})
+                     results["preempted_at_step"])
+    else:
+        logging.info("done: %s", {k: round(v, 4) for k, v in results.items()})
 
 
 def run():

@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 
 from bert_jax import checkpoint as checkpoint_lib
-from bert_jax.data import input_pipeline
 from bert_jax import model as model_lib
 from bert_jax import optim
+from bert_jax import pretraining
 from bert_jax import sharding as sharding_lib
 from bert_jax import train
+from bert_jax.data import input_pipeline
 from tests import helpers
 
 
@@ -98,11 +99,11 @@ def test_interrupted_run_resumes_exactly_and_skips_a_corrupt_checkpoint(tmp_path
         return result
 
     reference = tmp_path / "reference"
-    train.train_and_evaluate(config(8), str(reference))
+    pretraining.train_and_evaluate(config(8), str(reference))
     expected = _metrics(reference)
 
     resumed = tmp_path / "resumed"
-    train.train_and_evaluate(config(6), str(resumed))
+    pretraining.train_and_evaluate(config(6), str(resumed))
     assert sorted(os.listdir(resumed / "checkpoints")) == ["2", "4", "6"]
     # Truncate every file of the newest checkpoint's state: it must be skipped, not restored.
     for path in glob.glob(str(resumed / "checkpoints" / "6" / "state" / "**" / "*"), recursive=True):
@@ -110,7 +111,7 @@ def test_interrupted_run_resumes_exactly_and_skips_a_corrupt_checkpoint(tmp_path
             with open(path, "r+b") as file:
                 file.truncate(os.path.getsize(path) // 2)
     with caplog.at_level(logging.WARNING):
-        train.train_and_evaluate(config(8), str(resumed))
+        pretraining.train_and_evaluate(config(8), str(resumed))
     assert f"checkpoint {resumed / 'checkpoints' / '6'} is corrupt or partial" in caplog.text
     assert os.path.isdir(resumed / "checkpoints" / "6.corrupt")  # kept for inspection, not deleted
     assert sorted(os.listdir(resumed / "checkpoints")) == ["2", "4", "6", "6.corrupt", "8"]
@@ -131,10 +132,10 @@ def test_init_from_another_run_and_eval_mode(tmp_path):
     config.train.eval_every = 4
     config.train.eval_steps = 100  # more than the file holds: the whole held-out file
     first = tmp_path / "first"
-    final = train.train_and_evaluate(config, str(first))
+    final = pretraining.train_and_evaluate(config, str(first))
 
     # --mode=eval on the final checkpoint reads the same held-out batches: the same numbers.
-    results = train.evaluate_checkpoint(config, str(first))
+    results = pretraining.evaluate_checkpoint(config, str(first))
     assert results["step"] == 4
     for name in ("eval_mlm_loss", "eval_mlm_accuracy", "eval_nsp_loss", "eval_nsp_accuracy"):
         assert results[name] == pytest.approx(final[name], rel=1e-6), name
@@ -146,7 +147,7 @@ def test_init_from_another_run_and_eval_mode(tmp_path):
     config.init = str(first / "checkpoints")
     config.train.num_steps = 1
     config.checkpoint.max_to_keep = 1
-    train.train_and_evaluate(config, str(second))
+    pretraining.train_and_evaluate(config, str(second))
     with pytest.raises(FileNotFoundError, match="does not exist"):
         checkpoint_lib.restore_params(str(tmp_path / "nowhere"), None, None)
     mesh, rules, model, tx = _state_on_mesh(config, (2, 2, 2))
@@ -162,7 +163,7 @@ def test_init_from_another_run_and_eval_mode(tmp_path):
 
 def test_profiler_trace_of_chosen_steps(tmp_path):
     config = _config(num_steps=3, profile_start_step=2, profile_steps=1)
-    train.train_and_evaluate(config, str(tmp_path))
+    pretraining.train_and_evaluate(config, str(tmp_path))
     traces = glob.glob(str(tmp_path / "profile" / "**" / "*.xplane.pb"), recursive=True)
     assert traces and os.path.getsize(traces[0]) > 0
 
@@ -216,7 +217,7 @@ def test_init_from_a_huggingface_model_continues_pretraining(tmp_path, caplog):
     config.data.update(source="tfrecord", input_files=f"{helpers.FIXTURES}/sample_seq128.tfrecord",
                        max_seq_length=128, max_predictions_per_seq=20)
     with caplog.at_level(logging.INFO):
-        train.train_and_evaluate(config, str(tmp_path))
+        pretraining.train_and_evaluate(config, str(tmp_path))
     [warning] = [line for line in caplog.text.splitlines() if f"--config.init: {model_dir} has no" in line]
     assert "mlm_layer_norm/bias" in warning and "nsp_head/kernel" in warning and "initialised afresh" in warning
     assert "vocabulary padded from 30522 to 30592 rows" in caplog.text
@@ -233,4 +234,4 @@ def test_init_from_a_huggingface_model_continues_pretraining(tmp_path, caplog):
 
     config.model.hidden_size = 768
     with pytest.raises(ValueError, match=r"has hidden_size=384 but --config\.model\.hidden_size=768"):
-        train.train_and_evaluate(config, str(tmp_path / "mismatch"))
+        pretraining.train_and_evaluate(config, str(tmp_path / "mismatch"))

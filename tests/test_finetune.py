@@ -15,12 +15,13 @@ import pytest
 
 from bert_jax import checkpoint as checkpoint_lib
 from bert_jax import finetune
-from bert_jax.data import finetune_data
 from bert_jax import model as model_lib
 from bert_jax import optim
+from bert_jax import pretraining
 from bert_jax import sharding as sharding_lib
-from bert_jax.data import tokenization
 from bert_jax import train
+from bert_jax.data import finetune_data
+from bert_jax.data import tokenization
 from configs import finetune as finetune_configs
 from tests import helpers
 
@@ -122,8 +123,8 @@ def test_downstream_models_share_the_pretraining_parameter_tree_and_outputs():
         leaves = jax.tree_util.tree_leaves_with_path(tree, is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned))
         return {jax.tree_util.keystr(path): (leaf.value.shape, leaf.names) for path, leaf in leaves}
 
-    pretraining = names(boxed(model_lib.BertForPreTraining(config), np.zeros((2, 1), np.int32)))
-    encoder = {k: v for k, v in pretraining.items() if not k.startswith(("['nsp_head']", "['mlm_"))}
+    pretraining_names = names(boxed(model_lib.BertForPreTraining(config), np.zeros((2, 1), np.int32)))
+    encoder = {k: v for k, v in pretraining_names.items() if not k.startswith(("['nsp_head']", "['mlm_"))}
     assert names(boxed(model_lib.BertModel(config))) == encoder
     classifier = names(boxed(model_lib.BertForSequenceClassification(config, 5)))
     assert {k: v for k, v in classifier.items() if not k.startswith("['classifier']")} == encoder
@@ -179,7 +180,7 @@ def pretrained(tmp_path_factory):
     workdir = str(tmp_path_factory.mktemp("pretrain"))
     config = helpers.tiny_config((-1, 1, 1), num_steps=2, log_every=1)
     config.checkpoint.async_save = False
-    train.train_and_evaluate(config, workdir)
+    pretraining.train_and_evaluate(config, workdir)
     model = model_lib.BertForPreTraining(model_lib.BertConfig.from_config(config.model))
     tx, _ = optim.create_optimizer(config.optim, 2)
     config.mesh.data = 1

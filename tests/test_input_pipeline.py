@@ -96,19 +96,6 @@ def test_decodes_original_records_exactly(path, batch_size, count):
     assert set(decoded["next_sentence_labels"]) == {0, 1}
 
 
-def test_feature_spec_matches_original_layout():
-    spec = input_pipeline.feature_spec(128, 20)
-    assert {name: (tuple(feature.shape), feature.dtype) for name, feature in spec.items()} == {
-        "input_ids": ((128,), tf.int64),
-        "input_mask": ((128,), tf.int64),
-        "segment_ids": ((128,), tf.int64),
-        "masked_lm_positions": ((20,), tf.int64),
-        "masked_lm_ids": ((20,), tf.int64),
-        "masked_lm_weights": ((20,), tf.float32),
-        "next_sentence_labels": ((1,), tf.int64),
-    }
-
-
 def test_expand_globs_sorts_and_deduplicates(tmp_path):
     for name in ("b.tfrecord", "a.tfrecord", "c.txt"):
         (tmp_path / name).write_bytes(b"")
@@ -143,39 +130,6 @@ def test_length_mismatch_names_file_feature_and_fix(lengths, feature, fix):
     assert repr(feature) in message
     assert fix in message
     assert str(max(lengths)) in message
-
-
-def test_missing_feature_is_named(tmp_path):
-    path = tmp_path / "no_nsp.tfrecord"
-    with tf.io.TFRecordWriter(str(path)) as writer:
-        features = {name: _int_feature([1] * SMALL_SEQ) for name in ("input_ids", "input_mask", "segment_ids")}
-        writer.write(tf.train.Example(features=tf.train.Features(feature=features)).SerializeToString())
-    with pytest.raises(ValueError, match="no feature 'masked_lm_positions'"):
-        input_pipeline.check_record_layout(str(path), SMALL_SEQ, SMALL_PRED)
-
-
-def test_non_tfrecord_file_is_a_clear_error(tmp_path):
-    path = tmp_path / "corpus.txt"
-    path.write_bytes(b"this is a text corpus, not a TFRecord file\n" * 20)
-    with pytest.raises(ValueError, match="not a readable TFRecord") as error:
-        input_pipeline.check_record_layout(str(path), 128, 20)
-    assert str(path) in str(error.value)
-    assert "corrupted record" in str(error.value)
-
-
-def test_file_shorter_than_a_record_header_is_not_called_empty(tmp_path):
-    path = tmp_path / "tiny.bin"
-    path.write_bytes(b"abc")
-    with pytest.raises(ValueError, match="not a TFRecord file: its 3 bytes hold no complete record"):
-        input_pipeline.check_record_layout(str(path), 128, 20)
-
-
-def test_record_that_is_not_an_example_is_a_clear_error(tmp_path):
-    path = tmp_path / "bytes.tfrecord"
-    with tf.io.TFRecordWriter(str(path)) as writer:
-        writer.write(b"\xff" * 16)
-    with pytest.raises(ValueError, match="not a tf.train.Example"):
-        input_pipeline.check_record_layout(str(path), 128, 20)
 
 
 def test_empty_file_is_a_clear_error(tmp_path):
@@ -620,20 +574,6 @@ def test_masked_records_keep_their_masks_unless_told_otherwise(masking):
     for name, values in batch.items():
         want = np.array([example[name] for example in expected])
         np.testing.assert_array_equal(values, want[:, 0] if name == "next_sentence_labels" else want, err_msg=name)
-
-
-def test_record_format_and_layout_check_know_both_layouts(tmp_path):
-    _write_unmasked(tmp_path / "unmasked.tfrecord", np.random.default_rng(5), 4)
-    assert input_pipeline.record_format(str(SEQ128)) == "masked"
-    assert input_pipeline.record_format(str(tmp_path / "unmasked.tfrecord")) == "unmasked"
-    assert input_pipeline.check_record_layout(str(SEQ128), 128, 20) == "masked"
-    assert input_pipeline.check_record_layout(str(tmp_path / "unmasked.tfrecord"), 128, 20) == "unmasked"
-    with pytest.raises(ValueError, match="--config.data.max_seq_length=128"):
-        input_pipeline.check_record_layout(str(tmp_path / "unmasked.tfrecord"), 64, 20)
-    # A file that is not a TFRecord file gets the checked reader's explanation, not a guess.
-    (tmp_path / "corpus.txt").write_bytes(b"plain text, not records\n" * 10)
-    with pytest.raises(ValueError, match="not a readable TFRecord"):
-        input_pipeline.record_format(str(tmp_path / "corpus.txt"))
 
 
 def test_mixed_layouts_in_one_glob_are_an_error(tmp_path):

@@ -1,6 +1,7 @@
 """The driver, end to end in a subprocess, as a user runs it."""
 
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -152,3 +153,68 @@ def test_driver_finetunes_then_extracts_features(tmp_path):
     # A pretraining config in a downstream mode is refused with the reason, not a traceback.
     wrong = _run(["--mode=finetune", "--config=configs/pretrain.py:size=tiny"], tmp_path / "wrong")
     assert wrong.returncode != 0 and "configs/finetune.py" in wrong.stderr
+
+
+@pytest.fixture
+def driver_flags(monkeypatch):
+    """Parses driver flags in this process (absl's global FLAGS), restoring them afterwards."""
+    from absl import flags
+    from absl.testing import flagsaver
+    from bert_jax import main as driver
+
+    def forget_overrides():  # config_flags defines a flag per --config.* override it is given
+        for name in [name for name in flags.FLAGS if name.startswith("config.")]:
+            delattr(flags.FLAGS, name)
+
+    def parse(*args):
+        monkeypatch.setattr(sys, "argv", ["bert_jax", *args])  # config_flags finds --config.* overrides there
+        flags.FLAGS.unparse_flags()
+        forget_overrides()
+        flags.FLAGS(sys.argv)
+        return driver
+
+    with flagsaver.flagsaver():
+        yield parse
+    flags.FLAGS.unparse_flags()
+    forget_overrides()
+
+
+def test_driver_prepares_the_data_then_logs_the_final_config_then_trains(tmp_path, monkeypatch, caplog,
+                                                                           driver_flags):
+    from bert_jax import pretraining
+    received = {}
+
+    def fake_job(name, result):
+        def job(config, workdir, *args):
+            received[name] = {"config": config.to_dict(), "ready": (tmp_path / "data" / "READY.json").exists()}
+            return result
+        return job
+
+    monkeypatch.setattr(pretraining, "train_and_evaluate", fake_job("train", {"loss": 1.0}))
+    monkeypatch.setattr(pretraining, "export_checkpoint", fake_job("export", str(tmp_path / "export")))
+    common = [f"--config={helpers.ROOT}/configs/pretrain.py:size=tiny,data=corpus", f"--workdir={tmp_path}",
+              f"--config.data.corpus={helpers.FIXTURES}/sample_text.txt", "--config.data.tokenizer_vocab_size=300",
+              "--config.data.eval_every_nth_document=0"]
+    driver = driver_flags(*common)
+    caplog.set_level(logging.INFO, logger="absl")  # after parsing, which sets absl's level from --verbosity
+    driver.main(["bert_jax"])
+    ready = json.loads((tmp_path / "data" / "READY.json").read_text())
+    assert 200 < ready["tokenizer_vocab_size"] <= 300  # the tokenizer trained on the corpus
+    padded = -(-ready["tokenizer_vocab_size"] // 128) * 128  # not the preset's 30522
+    # The trainer got the prepared config: the padded trained vocabulary and the data step's TFRecords.
+    config = received["train"]["config"]
+    assert received["train"]["ready"] and config["model"]["vocab_size"] == padded
+    assert config["data"]["source"] == "tfrecord" and config["data"]["input_files"] == ready["train_files"]
+    # And the config in the log is that one: logged after the data step, holding the trained vocab size.
+    messages = [record.getMessage() for record in caplog.records]
+    [config_line] = [index for index, message in enumerate(messages) if message.startswith("config:")]
+    [data_line] = [index for index, message in enumerate(messages) if "making pretraining data" in message]
+    assert data_line < config_line
+    assert f"\n  vocab_size: {padded}\n" in messages[config_line] and "source: tfrecord" in messages[config_line]
+    # Export reads the same prepared data (reused, not made again) for the tokenizer and vocab size.
+    caplog.clear()
+    driver = driver_flags(*common, "--mode=export")
+    caplog.set_level(logging.INFO, logger="absl")
+    driver.main(["bert_jax"])
+    assert received["export"]["config"] == config
+    assert any("reusing pretraining data" in record.getMessage() for record in caplog.records)

@@ -6,11 +6,12 @@ import optax
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
-from bert_jax.data import input_pipeline
 from bert_jax import model as model_lib
 from bert_jax import optim
+from bert_jax import pretraining
 from bert_jax import sharding as sharding_lib
 from bert_jax import train
+from bert_jax.data import input_pipeline
 from tests import helpers
 
 
@@ -184,13 +185,13 @@ def test_non_finite_loss_stops_the_run_naming_the_step(tmp_path, monkeypatch):
 
     monkeypatch.setattr(input_pipeline, "make_iterator", poisoned)
     with pytest.raises(train.NonFiniteLossError, match="at step 4"):
-        train.train_and_evaluate(config, str(tmp_path))
+        pretraining.train_and_evaluate(config, str(tmp_path))
 
 
 def test_loop_logs_metrics_and_evaluates(tmp_path):
     config = helpers.tiny_config((2, 2, 2), num_steps=4, log_every=2, eval_every=4, eval_steps=2)
     config.data.source = "tfrecord"
-    final = train.train_and_evaluate(_fixture_config(config), str(tmp_path))
+    final = pretraining.train_and_evaluate(_fixture_config(config), str(tmp_path))
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 2
     assert final["step"] == 4
@@ -239,7 +240,16 @@ def test_locked_config_refuses_misspelt_fields():
 
 def test_a_one_step_run_still_logs_its_losses(tmp_path):
     config = helpers.tiny_config((-1, 1, 1), num_steps=1, log_every=10)
-    final = train.train_and_evaluate(config, str(tmp_path))
+    final = pretraining.train_and_evaluate(config, str(tmp_path))
     assert final["step"] == 1
     assert final["mlm_loss"] == pytest.approx(np.log(helpers.TINY_VOCAB), rel=0.05)
     assert "sequences_per_second" not in final  # one step is all compilation: no rate to report
+
+
+def test_the_trainer_never_makes_data_it_refuses_an_unprepared_corpus_config(tmp_path):
+    config = helpers.tiny_config((-1, 1, 1))
+    config.data.source, config.data.corpus = "corpus", f"{helpers.FIXTURES}/sample_text.txt"
+    for job in (pretraining.train_and_evaluate, pretraining.evaluate_checkpoint, pretraining.export_checkpoint):
+        with pytest.raises(ValueError, match=r"bert_jax.data.workdir.prepare\(config, workdir\)"):
+            job(config, str(tmp_path))
+    assert list(tmp_path.iterdir()) == []

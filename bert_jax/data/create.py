@@ -44,14 +44,12 @@ from typing import Callable, Iterable, Iterator, Sequence
 from absl import logging
 import tqdm
 
-from bert_jax.data import corpus
 from bert_jax import fileio
+from bert_jax.data import corpus
 from bert_jax.data import instances as instances_lib
+from bert_jax.data import tfrecord
 from bert_jax.data import tokenization
-# The instance algorithm and its encoding, re-exported: this module is the public face of data creation.
-from bert_jax.data.instances import (MASKED_FEATURES, UNMASKED_FEATURES, TrainingInstance,  # noqa: F401
-                                create_instances_from_document, create_masked_lm_predictions, serialize_example,
-                                truncate_seq_pair)
+from bert_jax.data.instances import create_instances_from_document, create_masked_lm_predictions
 
 MASKING_MODES = ("static", "none")
 METADATA_FILE = "metadata.json"
@@ -140,7 +138,7 @@ class ChunkProcessor:
         rng = random.Random(chunk_seed(options.seed, chunk_index))
         instances_lib.shuffle(all_documents, rng)
         records = []
-        encode = functools.partial(serialize_example, max_seq_length=options.max_seq_length,
+        encode = functools.partial(tfrecord.serialize_example, max_seq_length=options.max_seq_length,
                                    max_predictions_per_seq=options.max_predictions_per_seq)
         instances = tokens = predictions = random_next = 0
         for _ in range(options.dupe_factor):
@@ -279,7 +277,7 @@ def _create(source, tokenizer, output_dir, options, pool, started, *, num_shards
     final_paths = shard_paths(output_dir, prefix, num_shards)
     # Written under hidden names and renamed only after success, so a failed run leaves no file that looks whole.
     temporary_paths = [fileio.join(output_dir, f".{posixpath.basename(path)}.incomplete") for path in final_paths]
-    writers = [fileio.TFRecordWriter(path) for path in temporary_paths]
+    writers = [tfrecord.TFRecordWriter(path) for path in temporary_paths]
 
     corpus_stats = corpus.CorpusStats()
     totals = collections.Counter()
@@ -331,7 +329,7 @@ def _create(source, tokenizer, output_dir, options, pool, started, *, num_shards
     static = options.masking == "static"
     metadata = {
         "format": "masked" if static else "unmasked",
-        "features": list(MASKED_FEATURES if static else UNMASKED_FEATURES),
+        "features": list(tfrecord.MASKED_FEATURES if static else tfrecord.UNMASKED_FEATURES),
         **{field: value for field, value in dataclasses.asdict(options).items() if field != "masking"},
         "next_sentence_labels": ("0 = original order, 1 = A and B swapped" if options.sentence_order_prediction
                                  else "0 = B follows A, 1 = B is from a random document"),

@@ -21,9 +21,9 @@ from absl import app
 from absl import flags
 from absl import logging
 
-from bert_jax.data import corpus
 from bert_jax import fileio
-from bert_jax.data import create as pretraining_data
+from bert_jax.data import corpus
+from bert_jax.data import create
 from bert_jax.data import tokenization
 
 _COUNTERS = ("documents", "sentences", "instances", "tokens", "predictions", "random_next")
@@ -56,7 +56,7 @@ def file_chunks(file_index: int, path: str, documents_per_chunk: int, text_forma
 
 
 def build_pipeline(pipeline, source: str, tokenizer_path: str, output_dir: str,
-                   options: pretraining_data.DataOptions, *, num_shards: int, documents_per_chunk: int = 2000,
+                   options: create.DataOptions, *, num_shards: int, documents_per_chunk: int = 2000,
                    text_format: str = "lines", prefix: str = "train"):
     """Adds the transform to `pipeline` (a beam.Pipeline); returns the write result."""
     beam = _import_beam()
@@ -66,7 +66,7 @@ def build_pipeline(pipeline, source: str, tokenizer_path: str, output_dir: str,
     class ProcessChunk(beam.DoFn):
         def setup(self):
             os.environ["TOKENIZERS_PARALLELISM"] = "false"
-            self.processor = pretraining_data.ChunkProcessor(tokenization.load_tokenizer(tokenizer_path), options)
+            self.processor = create.ChunkProcessor(tokenization.load_tokenizer(tokenizer_path), options)
             self.counters = {name: beam.metrics.Metrics.counter("bert_jax", name) for name in _COUNTERS}
 
         def process(self, task):
@@ -86,7 +86,7 @@ def build_pipeline(pipeline, source: str, tokenizer_path: str, output_dir: str,
                 shard_name_template="-SSSSS-of-NNNNN"))
 
 
-def run_beam_pipeline(source: str, tokenizer_path: str, output_dir: str, options: pretraining_data.DataOptions, *,
+def run_beam_pipeline(source: str, tokenizer_path: str, output_dir: str, options: create.DataOptions, *,
                       num_shards: int, documents_per_chunk: int = 2000, text_format: str = "lines",
                       prefix: str = "train", pipeline_args: list[str] | None = None) -> dict:
     """Runs the pipeline to completion and writes `metadata.json` beside the shards; returns the metadata."""
@@ -105,7 +105,7 @@ def run_beam_pipeline(source: str, tokenizer_path: str, output_dir: str, options
     stats = {name: int(counters.get(name, 0)) for name in _COUNTERS}
     if not stats["instances"]:
         raise ValueError(f"the corpus {source!r} gave no instances: its files hold no non-empty sentences")
-    tokenizer.save(os.path.join(output_dir, pretraining_data.TOKENIZER_DIR))
+    tokenizer.save(os.path.join(output_dir, create.TOKENIZER_DIR))
     metadata = {"format": "masked" if options.masking == "static" else "unmasked", "runner": "beam",
                 **{key: getattr(options, key) for key in ("max_seq_length", "max_predictions_per_seq",
                                                           "masked_lm_prob", "whole_word_mask",
@@ -115,7 +115,7 @@ def run_beam_pipeline(source: str, tokenizer_path: str, output_dir: str, options
                               "do_lower_case": tokenizer.do_lower_case, **tokenizer.special_ids},
                 "stats": {**stats, "nsp_random_fraction": stats["random_next"] / stats["instances"],
                           "masked_fraction": stats["predictions"] / max(stats["tokens"], 1)}}
-    with fileio.open_file(pretraining_data.metadata_path(output_dir, prefix), "w") as stream:
+    with fileio.open_file(create.metadata_path(output_dir, prefix), "w") as stream:
         json.dump(metadata, stream, indent=2)
     logging.info("beam: wrote %d instances into %d shards in %s", stats["instances"], num_shards, output_dir)
     return metadata
@@ -124,7 +124,7 @@ def run_beam_pipeline(source: str, tokenizer_path: str, output_dir: str, options
 def _main(argv):
     flag_values = flags.FLAGS
     # absl leaves everything after `--` in argv: those are the Beam pipeline options.
-    options = pretraining_data.DataOptions(
+    options = create.DataOptions(
         max_seq_length=flag_values.max_seq_length, max_predictions_per_seq=flag_values.max_predictions_per_seq,
         masked_lm_prob=flag_values.masked_lm_prob, short_seq_prob=flag_values.short_seq_prob,
         dupe_factor=flag_values.dupe_factor, whole_word_mask=flag_values.do_whole_word_mask,
@@ -136,5 +136,5 @@ def _main(argv):
 
 
 if __name__ == "__main__":
-    pretraining_data.define_flags()
+    create.define_flags()
     app.run(_main)

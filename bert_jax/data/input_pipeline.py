@@ -11,7 +11,6 @@ With data.pack, rows are packed instances instead, in the layout of bert_jax.dat
 nsp_positions and nsp_weights besides; NSP fields [B, max_instances_per_row]).
 """
 
-import concurrent.futures
 import json
 from typing import Iterator
 
@@ -20,6 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 from bert_jax.data import packing as packing_lib
+from bert_jax.data import tfrecord
 from bert_jax.data.masking import CLS_ID, MASK_ID, PAD_ID, SEP_ID  # noqa: F401  (re-exported for callers)
 from bert_jax.data.masking import check_masking_args, dynamic_mask, restore_original_tokens
 
@@ -29,33 +29,10 @@ try:
 except (RuntimeError, ValueError):  # devices already initialised, or no GPU support compiled in
     pass
 
-_SEQUENCE_FEATURES = ("input_ids", "input_mask", "segment_ids")
-_PREDICTION_FEATURES = ("masked_lm_positions", "masked_lm_ids", "masked_lm_weights")
-
 _INPUT_FILES_FLAG = "--config.data.input_files"
 _EVAL_INPUT_FILES_FLAG = "--config.data.eval_input_files"
 
-# A BERT example is a few kilobytes; a larger length in a record header means the file is something else.
-_MAX_PEEK_BYTES = 1 << 26
-
 _MASKING_MODES = ("auto", "static", "dynamic")
-
-
-def feature_spec(max_seq_length: int, max_predictions_per_seq: int, layout: str = "masked") -> dict:
-    """The tf.io.parse_example spec of pretraining records.
-
-    "masked": the original create_pretraining_data.py layout, masks fixed when the data was written.
-    "unmasked": only the sequences and the next-sentence label; the pipeline masks them afresh each time.
-    """
-    if layout not in ("masked", "unmasked"):
-        raise ValueError(f"layout must be 'masked' or 'unmasked', got {layout!r}")
-    spec = {name: tf.io.FixedLenFeature([max_seq_length], tf.int64) for name in _SEQUENCE_FEATURES}
-    if layout == "masked":
-        spec["masked_lm_positions"] = tf.io.FixedLenFeature([max_predictions_per_seq], tf.int64)
-        spec["masked_lm_ids"] = tf.io.FixedLenFeature([max_predictions_per_seq], tf.int64)
-        spec["masked_lm_weights"] = tf.io.FixedLenFeature([max_predictions_per_seq], tf.float32)
-    spec["next_sentence_labels"] = tf.io.FixedLenFeature([1], tf.int64)
-    return spec
 
 
 def expand_globs(patterns: str, *, flag: str = _INPUT_FILES_FLAG) -> list[str]:
@@ -75,109 +52,12 @@ def expand_globs(patterns: str, *, flag: str = _INPUT_FILES_FLAG) -> list[str]:
     return sorted(files)
 
 
-def _first_example(path: str) -> tf.train.Example:
-    """The first record of `path`, through TF's own reader: slow to start, but it checks CRCs and says what is
-    wrong with a file that is not a TFRecord file."""
-    try:
-        first = list(tf.data.TFRecordDataset(path).take(1).as_numpy_iterator())
-    except tf.errors.OpError as error:
-        # TF wraps the useful part ("corrupted record at 0") in graph-function and op names.
-        reason = error.message.split("}}")[-1].split(" [Op:")[0].strip()
-        raise ValueError(f"{path} is not a readable TFRecord file ({type(error).__name__}: {reason}); "
-                         "expected uncompressed TFRecords of tf.train.Example as written by create_pretraining_data.py"
-                         ) from error
-    if not first:
-        size = tf.io.gfile.stat(path).length
-        if size:  # TF reads a file too short for one record header as an empty one
-            raise ValueError(f"{path} is not a TFRecord file: its {size} bytes hold no complete record")
-        raise ValueError(f"{path} holds no records; remove it from the input globs or regenerate it")
-    try:
-        return tf.train.Example.FromString(first[0])
-    except Exception as error:  # protobuf's DecodeError type depends on the protobuf backend
-        raise ValueError(f"the first record of {path} is not a tf.train.Example ({error}); "
-                         "expected the output of create_pretraining_data.py") from error
-
-
-def _layout_of(features) -> str:
-    # A record with any masked_lm_* feature, or without the label the unmasked layout needs, is held to the
-    # original layout, so that its errors name what create_pretraining_data.py would have written.
-    if any(name in features for name in _PREDICTION_FEATURES) or "next_sentence_labels" not in features:
-        return "masked"
-    return "unmasked"
-
-
-def record_format(path: str) -> str:
-    """The layout of `path` from its first record: "masked" (static masks, the original layout) or "unmasked".
-
-    The record is read straight from the file, about a thousand times faster than through a TFRecordDataset, which
-    counts when every shard of a large corpus is checked; anything unexpected goes through TF's reader, which
-    explains the problem.
-    """
-    try:
-        with tf.io.gfile.GFile(path, "rb") as file:
-            header = file.read(12)  # uint64 length, then a CRC of the length
-            length = int.from_bytes(header[:8], "little")
-            if len(header) == 12 and length <= _MAX_PEEK_BYTES:
-                payload = file.read(length)
-                if len(payload) == length:
-                    return _layout_of(tf.train.Example.FromString(payload).features.feature)
-    except Exception:  # pylint: disable=broad-except  (the checked reader below reports it properly)
-        pass
-    return _layout_of(_first_example(path).features.feature)
-
-
-def check_record_layout(path: str, max_seq_length: int, max_predictions_per_seq: int) -> str:
-    """Compares the first record of `path` with the configured lengths; returns its layout (see `record_format`).
-
-    A mismatch would otherwise surface as an opaque parse error deep inside tf.data, or not at all.
-    """
-    features = _first_example(path).features.feature
-    layout = _layout_of(features)
-    expected = {name: (spec.shape[0], spec.dtype)
-                for name, spec in feature_spec(max_seq_length, max_predictions_per_seq, layout).items()}
-    for name, (expected_length, dtype) in expected.items():
-        if name not in features:
-            raise ValueError(f"{path} has no feature {name!r} (it has {sorted(features)}); "
-                             "expected the original BERT pretraining layout written by create_pretraining_data.py, "
-                             "or the unmasked layout for dynamic masking (input_ids, input_mask, segment_ids, "
-                             "next_sentence_labels)")
-        kind = "float_list" if dtype == tf.float32 else "int64_list"
-        if features[name].WhichOneof("kind") != kind:
-            raise ValueError(f"{path}: feature {name!r} is a {features[name].WhichOneof('kind')}, expected {kind}")
-        found_length = len(getattr(features[name], kind).value)
-        if found_length != expected_length:
-            if name in _SEQUENCE_FEATURES:
-                fix = f"set --config.data.max_seq_length={found_length} to match the data, or regenerate the data"
-            elif name in _PREDICTION_FEATURES:
-                fix = (f"set --config.data.max_predictions_per_seq={found_length} to match the data, "
-                       "or regenerate the data")
-            else:
-                fix = "regenerate the data with create_pretraining_data.py"
-            raise ValueError(f"{path}: feature {name!r} has length {found_length} but the config expects "
-                             f"{expected_length}; {fix}")
-    return layout
-
-
-def _check_one_layout(files: list[str], first_layout: str, flag: str) -> None:
-    """One glob must hold one layout: the two parse to different features, so one batch cannot mix them."""
-    examples = {first_layout: files[0]}
-    with concurrent.futures.ThreadPoolExecutor(max_workers=16) as pool:  # threads hide remote (gs://) latency
-        for path, layout in zip(files[1:], pool.map(record_format, files[1:])):
-            examples.setdefault(layout, path)
-    if len(examples) > 1:
-        raise ValueError(f"{flag} mixes masked records (e.g. {examples['masked']}, with masked_lm_* features) and "
-                         f"unmasked records (e.g. {examples['unmasked']}, without them); point {flag} at one kind, "
-                         "or regenerate the shards so that all of them are masked or all unmasked")
-
-
 def _parse_batch(serialized, spec):
     batch = tf.io.parse_example(serialized, spec)
     # int32 is what the model's embedding lookups and one-hots want, and halves the host-to-device transfer.
     batch = {name: tf.cast(value, tf.int32) if value.dtype == tf.int64 else value for name, value in batch.items()}
     batch["next_sentence_labels"] = tf.squeeze(batch["next_sentence_labels"], axis=-1)
     return batch
-
-
 
 
 def _use_dynamic_masking(masking: str, layout: str, flag: str) -> bool:
@@ -189,8 +69,6 @@ def _use_dynamic_masking(masking: str, layout: str, flag: str) -> bool:
         raise ValueError(f"{flag} holds unmasked records (no masked_lm_* features) but --config.data.masking is "
                          "'static'; set it to 'dynamic' or 'auto' to mask them in the input pipeline")
     return masking == "dynamic" or layout == "unmasked"
-
-
 
 
 def tfrecord_dataset(patterns: str, *, batch_size: int, max_seq_length: int, max_predictions_per_seq: int,
@@ -217,8 +95,8 @@ def tfrecord_dataset(patterns: str, *, batch_size: int, max_seq_length: int, max
     if not 0 <= process_index < process_count:
         raise ValueError(f"process_index={process_index} is outside [0, process_count={process_count})")
     files = expand_globs(patterns, flag=flag)
-    layout = check_record_layout(files[0], max_seq_length, max_predictions_per_seq)
-    _check_one_layout(files, layout, flag)
+    layout = tfrecord.check_record_layout(files[0], max_seq_length, max_predictions_per_seq)
+    tfrecord.check_one_layout(files, layout, flag)
     dynamic = _use_dynamic_masking(masking, layout, flag)
     if dynamic:
         check_masking_args(masked_lm_prob, vocab_size, special_ids, whole_word_continuation)
@@ -251,7 +129,7 @@ def tfrecord_dataset(patterns: str, *, batch_size: int, max_seq_length: int, max
     if training:
         records = records.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
 
-    spec = feature_spec(max_seq_length, max_predictions_per_seq, layout)
+    spec = tfrecord.feature_spec(max_seq_length, max_predictions_per_seq, layout)
     # A packing window may be partial (the packer takes any count): held-out data then loses only a partial batch.
     dataset = (records.batch(batch_size, drop_remainder=True) if packing is None
                else records.batch(packing.window, drop_remainder=False))

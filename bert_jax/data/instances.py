@@ -1,23 +1,17 @@
-"""The original BERT instance algorithm on token ids, and its tf.train.Example encoding.
+"""The original BERT instance algorithm on token ids.
 
 Sentence pairs from documents (`create_instances_from_document`), the masked-LM draw
 (`create_masked_lm_predictions`) and `truncate_seq_pair` consume a `random.Random` in exactly the order of
-google-research/bert's create_pretraining_data.py, so the same seed gives the same instances. `serialize_example`
-writes the original feature layout with a hand-written protobuf encoder (the protobuf classes cost more than
-making the instances). Orchestration over a corpus lives in bert_jax.data.create.
+google-research/bert's create_pretraining_data.py, so the same seed gives the same instances. Their encoding as
+records is bert_jax.data.tfrecord's; orchestration over a corpus lives in bert_jax.data.create.
 """
 
 from __future__ import annotations
 
 import itertools
 import random
-import struct
 from typing import Callable, NamedTuple, Sequence
 
-# The original's feature order (an OrderedDict): fixed here so that equal instances are equal bytes.
-MASKED_FEATURES = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
-                   "masked_lm_weights", "next_sentence_labels")
-UNMASKED_FEATURES = ("input_ids", "input_mask", "segment_ids", "next_sentence_labels")
 
 class TrainingInstance(NamedTuple):
     """One sentence pair as ids: [CLS] A [SEP] B [SEP], after masking (if any)."""
@@ -220,89 +214,3 @@ def create_instances_from_document(all_documents: Sequence[Sequence[Sequence[int
             current_chunk, current_length = [], 0
         i += 1
     return instances
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# tf.train.Example encoding, by hand: the protobuf classes cost more than making the instances.
-
-
-def _varint(value: int) -> bytes:
-    if value < 0:
-        value += 1 << 64  # int64 fields encode negatives as ten-byte two's complement
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-_VARINTS = [_varint(value) for value in range(1 << 15)]
-_FLOAT_ONE, _FLOAT_ZERO = struct.pack("<f", 1.0), struct.pack("<f", 0.0)
-_INT64_LIST, _FLOAT_LIST = 0x1A, 0x12  # Feature.int64_list = 3, Feature.float_list = 2 (length-delimited)
-
-
-def _entry_header(name: str, kind: int, payload_length: int) -> bytes:
-    """Bytes before a packed payload: a Features.feature map entry {key, value: Feature{kind: List{value}}}."""
-    # An empty repeated field is left out altogether, as protobuf does.
-    list_header = b"\x0a" + _varint(payload_length) if payload_length else b""
-    feature_header = bytes([kind]) + _varint(len(list_header) + payload_length) + list_header
-    name_bytes = name.encode("utf-8")
-    entry_header = (b"\x0a" + _varint(len(name_bytes)) + name_bytes
-                    + b"\x12" + _varint(len(feature_header) + payload_length) + feature_header)
-    return b"\x0a" + _varint(len(entry_header) + payload_length) + entry_header
-
-
-def _int_payload(values: Sequence[int]) -> bytes:
-    varints = _VARINTS
-    try:
-        return b"".join([varints[value] for value in values])  # a list comprehension joins faster than map here
-    except (IndexError, TypeError):  # a negative or large value, or a numpy integer
-        return b"".join(_varint(int(value)) for value in values)
-
-
-def _small_int_payload(values: Sequence[int]) -> bytes:
-    # Values below 128 (segment ids, positions) are one varint byte each: bytes() does it in C.
-    try:
-        payload = bytes(values)
-    except (ValueError, TypeError):
-        return _int_payload(values)
-    return payload if payload.isascii() else _int_payload(values)
-
-
-_entry_headers: dict = {}
-
-
-def _entry(name: str, kind: int, payload: bytes) -> bytes:
-    # A header depends only on the feature and the payload length: build each one once.
-    header = _entry_headers.get((name, len(payload)))
-    if header is None:
-        header = _entry_headers[name, len(payload)] = _entry_header(name, kind, len(payload))
-    return header + payload
-
-
-def serialize_example(instance: TrainingInstance, *, max_seq_length: int, max_predictions_per_seq: int) -> bytes:
-    """A tf.train.Example in the original layout and feature order, padded to the given lengths. Unmasked instances
-    (positions None) get only input_ids, input_mask, segment_ids and next_sentence_labels."""
-    length = len(instance.input_ids)
-    pad = max_seq_length - length
-    if pad < 0:
-        raise ValueError(f"instance of {length} tokens is longer than max_seq_length={max_seq_length}")
-    zeros = b"\x00" * pad  # varint 0
-    entries = [_entry("input_ids", _INT64_LIST, _int_payload(instance.input_ids) + zeros),
-               _entry("input_mask", _INT64_LIST, b"\x01" * length + zeros),
-               _entry("segment_ids", _INT64_LIST, _small_int_payload(instance.segment_ids) + zeros)]
-    if instance.masked_lm_positions is not None:
-        count = len(instance.masked_lm_positions)
-        pad = max_predictions_per_seq - count
-        if pad < 0:
-            raise ValueError(f"instance has {count} masked positions, more than max_predictions_per_seq="
-                             f"{max_predictions_per_seq}")
-        zeros = b"\x00" * pad
-        positions = _small_int_payload(instance.masked_lm_positions)
-        entries += [_entry("masked_lm_positions", _INT64_LIST, positions + zeros),
-                    _entry("masked_lm_ids", _INT64_LIST, _int_payload(instance.masked_lm_ids) + zeros),
-                    _entry("masked_lm_weights", _FLOAT_LIST, _FLOAT_ONE * count + _FLOAT_ZERO * pad)]
-    entries.append(_entry("next_sentence_labels", _INT64_LIST, _VARINTS[instance.next_sentence_label]))
-    body = b"".join(entries)
-    return b"\x0a" + (_VARINTS[len(body)] if len(body) < len(_VARINTS) else _varint(len(body))) + body

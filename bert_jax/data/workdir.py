@@ -4,9 +4,11 @@ corpus (`data.corpus`, streamed; every n-th document held out) -> tokenizer (tra
 or `data.vocab_file`) -> unmasked training instances (masked dynamically by the input pipeline, fresh masks every
 epoch) and statically masked evaluation instances (fixed masks, so evaluations are comparable) in WORKDIR/data.
 
-It runs once: later runs in the same workdir (a resumed run, say) find WORKDIR/data/READY.json and reuse the data,
-as long as the data settings match. Only process 0 builds; the others wait for it. For corpora that need many
-machines, run `bert_jax.data.create_beam` separately and train with `data.source=tfrecord`.
+The driver (bert_jax.main) calls `prepare` on every process before it logs the config and trains, so the trainer
+only ever reads TFRecords. It builds once: later runs in the same workdir (a resumed run, say) find
+WORKDIR/data/READY.json and reuse the data, as long as the data settings match. Only process 0 builds; the others
+wait for it. For corpora that need many machines, run `bert_jax.data.create_beam` separately and train with
+`data.source=tfrecord`.
 """
 
 import functools
@@ -16,9 +18,9 @@ import os
 from absl import logging
 import jax
 
-from bert_jax.data import corpus as corpus_lib
 from bert_jax import fileio
-from bert_jax.data import create as pretraining_data
+from bert_jax.data import corpus
+from bert_jax.data import create
 from bert_jax.data import tokenization
 
 READY_FILE = "READY.json"
@@ -39,8 +41,8 @@ def _is_held_out(every_nth: int, index: int) -> bool:
 
 def _training_sentences(data_config):
     """The training split's sentences, streamed from the corpus (for training a tokenizer on them)."""
-    stats = corpus_lib.CorpusStats()
-    documents = corpus_lib.iter_documents(data_config.corpus, text_format=data_config.corpus_format, stats=stats)
+    stats = corpus.CorpusStats()
+    documents = corpus.iter_documents(data_config.corpus, text_format=data_config.corpus_format, stats=stats)
     for index, document in enumerate(documents):
         if not _is_held_out(data_config.eval_every_nth_document, index):
             yield from document
@@ -76,17 +78,16 @@ def _build(config, data_dir: str) -> dict:
     every_nth = data.eval_every_nth_document
     common = dict(max_seq_length=data.max_seq_length, max_predictions_per_seq=data.max_predictions_per_seq,
                   masked_lm_prob=data.masked_lm_prob, whole_word_mask=data.whole_word_mask, seed=config.train.seed)
-    create = functools.partial(pretraining_data.create_pretraining_data, data.corpus, tokenizer_dir,
-                               text_format=data.corpus_format, progress=False, overwrite=True)
-    summaries = {"train": create(
-        os.path.join(data_dir, "train"), pretraining_data.DataOptions(dupe_factor=data.dupe_factor, masking="none",
-                                                                      **common),
+    make = functools.partial(create.create_pretraining_data, data.corpus, tokenizer_dir,
+                             text_format=data.corpus_format, progress=False, overwrite=True)
+    summaries = {"train": make(
+        os.path.join(data_dir, "train"), create.DataOptions(dupe_factor=data.dupe_factor, masking="none", **common),
         num_shards=4, prefix="train", document_filter=lambda index: not _is_held_out(every_nth, index))}
     eval_pattern = ""
     if every_nth > 0:
         try:
-            summaries["eval"] = create(
-                os.path.join(data_dir, "eval"), pretraining_data.DataOptions(dupe_factor=1, masking="static", **common),
+            summaries["eval"] = make(
+                os.path.join(data_dir, "eval"), create.DataOptions(dupe_factor=1, masking="static", **common),
                 num_shards=1, prefix="eval", document_filter=functools.partial(_is_held_out, every_nth))
             eval_pattern = os.path.join(data_dir, "eval", "eval-*.tfrecord")
         except ValueError as error:  # a corpus too small to hold out any document

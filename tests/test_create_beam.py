@@ -7,8 +7,8 @@ import json
 import pytest
 import tensorflow as tf
 
-from bert_jax.data import create as pretraining_data
-from bert_jax.data import create_beam as pretraining_data_beam
+from bert_jax.data import create
+from bert_jax.data import create_beam
 from bert_jax.data import tokenization
 from tests import helpers
 
@@ -27,16 +27,16 @@ def _write_corpus(directory):
 
 def test_beam_pipeline_writes_the_chunk_transform_of_every_file(tmp_path):
     source = _write_corpus(tmp_path)
-    options = pretraining_data.DataOptions(dupe_factor=3, seed=7)
-    metadata = pretraining_data_beam.run_beam_pipeline(source, VOCAB, str(tmp_path / "out"), options, num_shards=2,
-                                                       documents_per_chunk=2)
+    options = create.DataOptions(dupe_factor=3, seed=7)
+    metadata = create_beam.run_beam_pipeline(source, VOCAB, str(tmp_path / "out"), options, num_shards=2,
+                                             documents_per_chunk=2)
     written = [record for path in sorted(glob.glob(str(tmp_path / "out" / "train-*-of-00002.tfrecord")))
                for record in tf.data.TFRecordDataset(path).as_numpy_iterator()]
     # The same records as running the single-machine ChunkProcessor over each file's chunks.
-    processor = pretraining_data.ChunkProcessor(tokenization.load_tokenizer(VOCAB), options)
+    processor = create.ChunkProcessor(tokenization.load_tokenizer(VOCAB), options)
     expected = []
     for index, path in enumerate(sorted(glob.glob(source))):
-        for task in pretraining_data_beam.file_chunks(index, path, 2):
+        for task in create_beam.file_chunks(index, path, 2):
             expected.extend(processor(task)[0])
     assert collections.Counter(written) == collections.Counter(expected)
     assert len(written) == metadata["stats"]["instances"] > 10
@@ -49,12 +49,12 @@ def test_beam_pipeline_writes_the_chunk_transform_of_every_file(tmp_path):
 
 
 def test_beam_pipeline_refuses_to_overwrite_and_names_missing_input(tmp_path):
-    options = pretraining_data.DataOptions(dupe_factor=1)
+    options = create.DataOptions(dupe_factor=1)
     with pytest.raises(FileNotFoundError, match="nothing-here"):
-        pretraining_data_beam.run_beam_pipeline(str(tmp_path / "nothing-here*.txt"), VOCAB, str(tmp_path / "out"),
-                                                options, num_shards=1)
+        create_beam.run_beam_pipeline(str(tmp_path / "nothing-here*.txt"), VOCAB, str(tmp_path / "out"),
+                                      options, num_shards=1)
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "train-00000-of-00001.tfrecord").write_bytes(b"")
     with pytest.raises(FileExistsError, match="already holds"):
-        pretraining_data_beam.run_beam_pipeline(_write_corpus(tmp_path), VOCAB, str(tmp_path / "out"), options,
-                                                num_shards=1)
+        create_beam.run_beam_pipeline(_write_corpus(tmp_path), VOCAB, str(tmp_path / "out"), options,
+                                      num_shards=1)

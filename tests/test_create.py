@@ -15,8 +15,10 @@ import pytest
 import tensorflow as tf
 
 from bert_jax.data import corpus
+from bert_jax.data import create
 from bert_jax.data import input_pipeline
-from bert_jax.data import create as pretraining_data
+from bert_jax.data import instances
+from bert_jax.data import tfrecord
 from bert_jax.data import tokenization
 from bert_jax.data.create import DataOptions
 
@@ -96,8 +98,7 @@ def _in_feature_order(record, order):
 def _make(source, output_dir, options=FIXTURE_OPTIONS, **kwargs):
     kwargs.setdefault("num_workers", 0)
     kwargs.setdefault("progress", False)
-    return pretraining_data.create_pretraining_data(source, kwargs.pop("vocab", VOCAB), str(output_dir), options,
-                                                    **kwargs)
+    return create.create_pretraining_data(source, kwargs.pop("vocab", VOCAB), str(output_dir), options, **kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +122,7 @@ def test_reproduces_original_records_byte_for_byte(tmp_path, whole_word_mask, fi
         # The original's feature-map order varies from process to process (protobuf maps are unordered); every
         # entry's bytes, and so the whole record once the entries are in our order, must be identical.
         _, order = _feature_entries(record)
-        assert order == list(pretraining_data.MASKED_FEATURES)
+        assert order == list(tfrecord.MASKED_FEATURES)
         assert record == _in_feature_order(original, order), f"record {index} differs"
         assert tf.train.Example.FromString(record) == tf.train.Example.FromString(original)
 
@@ -155,15 +156,14 @@ def test_truncate_seq_pair_matches_deleting_one_token_per_draw():
         expected_a, expected_b, rng_expected = list(a), list(b), random.Random(trial)
         reference(expected_a, expected_b, limit, rng_expected)
         rng = random.Random(trial)
-        pretraining_data.truncate_seq_pair(a, b, limit, rng)
+        instances.truncate_seq_pair(a, b, limit, rng)
         assert (a, b) == (expected_a, expected_b)
         assert rng.getstate() == rng_expected.getstate()
 
 
 def test_serialize_example_matches_protobuf():
-    instance = pretraining_data.TrainingInstance([CLS, 7592, MASK, SEP, 30000, SEP], [0, 0, 0, 0, 1, 1], [2], [2088],
-                                                 1)
-    record = pretraining_data.serialize_example(instance, max_seq_length=8, max_predictions_per_seq=3)
+    instance = instances.TrainingInstance([CLS, 7592, MASK, SEP, 30000, SEP], [0, 0, 0, 0, 1, 1], [2], [2088], 1)
+    record = tfrecord.serialize_example(instance, max_seq_length=8, max_predictions_per_seq=3)
     expected = tf.train.Example(features=tf.train.Features(feature={
         "input_ids": tf.train.Feature(int64_list=tf.train.Int64List(value=[101, 7592, 103, 102, 30000, 102, 0, 0])),
         "input_mask": tf.train.Feature(int64_list=tf.train.Int64List(value=[1] * 6 + [0] * 2)),
@@ -174,12 +174,12 @@ def test_serialize_example_matches_protobuf():
         "next_sentence_labels": tf.train.Feature(int64_list=tf.train.Int64List(value=[1])),
     }))
     assert tf.train.Example.FromString(record) == expected
-    assert record == _in_feature_order(expected.SerializeToString(), pretraining_data.MASKED_FEATURES)
-    unmasked = pretraining_data.serialize_example(instance._replace(masked_lm_positions=None, masked_lm_ids=None),
+    assert record == _in_feature_order(expected.SerializeToString(), tfrecord.MASKED_FEATURES)
+    unmasked = tfrecord.serialize_example(instance._replace(masked_lm_positions=None, masked_lm_ids=None),
                                                   max_seq_length=8, max_predictions_per_seq=3)
-    assert set(tf.train.Example.FromString(unmasked).features.feature) == set(pretraining_data.UNMASKED_FEATURES)
+    assert set(tf.train.Example.FromString(unmasked).features.feature) == set(tfrecord.UNMASKED_FEATURES)
     with pytest.raises(ValueError, match="max_seq_length=5"):
-        pretraining_data.serialize_example(instance, max_seq_length=5, max_predictions_per_seq=3)
+        tfrecord.serialize_example(instance, max_seq_length=5, max_predictions_per_seq=3)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -356,8 +356,8 @@ def test_same_seed_same_bytes_for_any_workers_and_shards(small_corpus, tmp_path)
 def test_chunk_seeds_are_distinct_and_stable():
     # Chunk 0 is seeded exactly like the original tool; the others from a string, hashed with SHA-512 by random,
     # so the values below hold on every run and machine (PYTHONHASHSEED plays no part).
-    assert pretraining_data.chunk_seed(12345, 0) == 12345
-    draws = [random.Random(pretraining_data.chunk_seed(12345, index)).random() for index in range(1, 50)]
+    assert create.chunk_seed(12345, 0) == 12345
+    draws = [random.Random(create.chunk_seed(12345, index)).random() for index in range(1, 50)]
     assert draws[:2] == [0.5019036358008617, 0.772379500264701] and len(set(draws)) == len(draws)
 
 
@@ -403,7 +403,7 @@ def _follows(streams, first, second):
     return False
 
 
-UNMASKED_SPEC = {name: ORIGINAL_NAME_TO_FEATURES[name] for name in pretraining_data.UNMASKED_FEATURES}
+UNMASKED_SPEC = {name: ORIGINAL_NAME_TO_FEATURES[name] for name in tfrecord.UNMASKED_FEATURES}
 
 
 def test_sentence_order_prediction(long_document_corpus, tokenizer, tmp_path):
@@ -426,7 +426,7 @@ def test_unmasked_records_hold_real_text_and_feed_dynamic_masking(long_document_
     assert summary["format"] == "unmasked" and summary["stats"]["predictions"] == 0
     records = _records(tmp_path / "train-*.tfrecord")
     assert {name for record in records for name in tf.train.Example.FromString(record).features.feature} == \
-        set(pretraining_data.UNMASKED_FEATURES)
+        set(tfrecord.UNMASKED_FEATURES)
     examples = _parse(records, UNMASKED_SPEC)
     assert not any((example["input_ids"] == MASK).any() for example in examples)
     streams = _document_streams(long_document_corpus, tokenizer)
@@ -521,26 +521,11 @@ def test_bad_options_name_the_field(field, value):
         DataOptions(**{field: value}).validate()
 
 
-def test_hand_framed_tfrecords_equal_tensorflows(tmp_path):
-    from bert_jax import fileio
-    records = [b"", b"x", bytes(range(256)) * 5, "é".encode()]
-    ours, theirs = tmp_path / "ours.tfrecord", tmp_path / "theirs.tfrecord"
-    writer = fileio.TFRecordWriter(str(ours))
-    for record in records:
-        writer.write(record)
-    writer.close()
-    with tf.io.TFRecordWriter(str(theirs)) as reference:
-        for record in records:
-            reference.write(record)
-    assert ours.read_bytes() == theirs.read_bytes()
-    assert list(tf.data.TFRecordDataset(str(ours)).as_numpy_iterator()) == records
-
-
 def test_local_data_creation_does_not_import_tensorflow(tmp_path):
     # TensorFlow costs seconds and ~600 MB: a local run must not load it in the process feeding the workers.
-    script = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); from bert_jax.data import create as p; "
-              f"p.create_pretraining_data({SAMPLE_TEXT!r}, {VOCAB!r}, {str(tmp_path)!r}, p.DataOptions(dupe_factor=1), "
-              "num_workers=0, progress=False); print('tensorflow' in sys.modules)")
+    script = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); from bert_jax.data import create; "
+              f"create.create_pretraining_data({SAMPLE_TEXT!r}, {VOCAB!r}, {str(tmp_path)!r}, "
+              "create.DataOptions(dupe_factor=1), num_workers=0, progress=False); print('tensorflow' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip().splitlines()[-1] == "False"

@@ -1,0 +1,322 @@
+"""The pretraining job around the pure steps of bert_jax.train: the training loop, and the eval and export modes.
+
+`train_and_evaluate(config, workdir)` builds the model, mesh, optimizer and input from a config whose data is
+ready (the driver runs bert_jax.data.workdir.prepare first for data.source=corpus), starts from the workdir's
+checkpoint, --config.init or scratch, and runs the loop: log lines, evaluation, checkpoints, SIGTERM, profiling.
+"""
+
+import dataclasses
+import functools
+import math
+import time
+from typing import Any, Iterator
+
+from absl import logging
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
+
+from bert_jax import checkpoint as checkpoint_lib
+from bert_jax import fileio
+from bert_jax import metrics as metrics_lib
+from bert_jax import model as model_lib
+from bert_jax import optim
+from bert_jax import sharding as sharding_lib
+from bert_jax.train import (NonFiniteLossError, abstract_train_state, create_train_state, jit_train_step,
+                            make_eval_step, make_train_step, validate_config)
+
+
+def evaluate(eval_step, params, batches: Iterator, batch_sharding, num_batches: int | None) -> dict[str, float]:
+    """Held-out metrics over `num_batches` batches (None: until the data ends on any process)."""
+    totals, count = None, 0
+    while num_batches is None or count < num_batches:
+        local = next(batches, None)
+        # Every process must run the same number of sharded steps: stop when any one has run out.
+        if not sharding_lib.all_processes_agree(local is not None):
+            break
+        sums = eval_step(params, sharding_lib.make_global_batch(local, batch_sharding))
+        totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
+        count += 1
+    if totals is None:
+        raise ValueError("evaluation read no batch: --config.data.eval_input_files holds fewer records than one "
+                         "global batch (train.batch_size)")
+    return metrics_lib.summarize_eval({k: float(v) for k, v in jax.device_get(totals).items()})
+
+
+@dataclasses.dataclass
+class _Run:
+    """Everything a job needs, built once from the config: model, mesh, optimizer, data."""
+    config: Any
+    workdir: str
+    model_config: model_lib.BertConfig
+    model: nn.Module
+    mesh: Any
+    rules: Any
+    tx: Any
+    schedule: Any
+    make_iterator: Any
+
+
+def _require_prepared_data(config) -> None:
+    if config.data.source == "corpus":
+        raise ValueError("data.source='corpus': make the data first with bert_jax.data.workdir.prepare(config, "
+                         "workdir), as bert_jax.main does; it points the config at the TFRecords it writes")
+
+
+def _build(config, workdir: str) -> _Run:
+    # Imported here so that importing this module does not import TensorFlow.
+    from bert_jax.data import input_pipeline  # pylint: disable=import-outside-toplevel
+    from bert_jax.data import tokenization  # pylint: disable=import-outside-toplevel
+    _require_prepared_data(config)
+    validate_config(config, jax.device_count(), jax.process_count())
+    model_config = model_lib.BertConfig.from_config(config.model)
+    mesh = sharding_lib.create_mesh(config.mesh)
+    tx, schedule = optim.create_optimizer(config.optim, config.train.num_steps)
+    logging.info("mesh %s over %d devices (%s), %d processes", dict(mesh.shape), jax.device_count(),
+                 jax.devices()[0].device_kind, jax.process_count())
+    # The tokenizer, where known, bounds dynamic masking's random replacements (the model's vocab may be padded)
+    # and tells whole-word masking which pieces continue a word.
+    data = config.data
+    tokenizer = tokenization.load_tokenizer(data.vocab_file) if data.vocab_file else None
+    rules = sharding_lib.logical_rules(config.mesh)
+    make_iterator = functools.partial(
+        input_pipeline.make_iterator, data, batch_size=config.train.batch_size // jax.process_count(),
+        vocab_size=model_config.vocab_size, process_index=jax.process_index(), process_count=jax.process_count(),
+        tokenizer_vocab_size=tokenizer.vocab_size if tokenizer else None,
+        whole_word_continuation=tokenizer.is_continuation if tokenizer else None,
+        process_rows=sharding_lib.process_rows(sharding_lib.batch_sharding(mesh, rules), config.train.batch_size))
+    return _Run(config, workdir, model_config, model_lib.BertForPreTraining(model_config), mesh, rules, tx,
+                schedule, make_iterator)
+
+
+def _checkpointer(run: _Run) -> checkpoint_lib.Checkpointer:
+    ckpt = run.config.checkpoint
+    return checkpoint_lib.Checkpointer(fileio.join(run.workdir, checkpoint_lib.CHECKPOINT_SUBDIR),
+                                       every_steps=ckpt.every_steps, max_to_keep=ckpt.max_to_keep,
+                                       keep_best=ckpt.keep_best, async_save=ckpt.async_save)
+
+
+def _start_state(run: _Run, checkpointer, train_batches):
+    """The state, RNG and input to start from; see bert_jax/checkpoint.py for the order.
+
+    Returns (state, state_shardings, step_rng, train_batches).
+    """
+    data, train = run.config.data, run.config.train
+    init_rng, step_rng = jax.random.split(jax.random.key(train.seed))
+    abstract, shardings, _ = abstract_train_state(run.model, run.tx, run.mesh, run.rules, data.max_seq_length,
+                                                  data.max_predictions_per_seq)
+    replicated = NamedSharding(run.mesh, PartitionSpec())
+    restored = checkpointer.restore_latest(abstract, shardings, replicated, train_batches)
+    if restored is not None:
+        step, state, step_rng = restored
+        if train_batches.position == 0 and step > 0:
+            # The input position was not restored (another process count): a stream seeded by the step, so the
+            # run goes on with data it has not just seen rather than replaying its first batches.
+            train_batches = run.make_iterator(split="train", seed=train.seed + step)
+        logging.info("resumed from %s at step %d (input position: batch %d)",
+                     fileio.join(checkpointer.directory, str(step)), step, train_batches.position)
+        return state, shardings, step_rng, train_batches
+    state, shardings = create_train_state(run.model, run.tx, run.mesh, run.rules, init_rng, data.max_seq_length,
+                                          data.max_predictions_per_seq)
+    if run.config.init:
+        params, source = _init_params(run.config.init, run.model_config, abstract.params, shardings.params)
+        state = state.replace(params=params)
+        logging.info("initialised parameters from %s (--config.init); optimizer and step start afresh", source)
+    else:
+        logging.info("no checkpoint in %s: starting from scratch (seed %d)", checkpointer.directory, train.seed)
+    return state, shardings, step_rng, train_batches
+
+
+# Architecture fields an imported checkpoint must agree on with config.model (vocab_size may be padded up).
+_ARCHITECTURE_FIELDS = ("hidden_size", "num_layers", "num_heads", "intermediate_size", "max_position_embeddings",
+                        "type_vocab_size", "hidden_act")
+
+
+def _init_params(path: str, model_config: model_lib.BertConfig, abstract_params, params_shardings):
+    """Parameters for --config.init: one of our checkpoints, or a HuggingFace / original Google / Flax export
+    (bert_jax.export.load_pretrained: heads missing there are initialised and reported)."""
+    if checkpoint_lib.is_checkpoint(path):
+        return checkpoint_lib.restore_params(path, abstract_params, params_shardings)
+    from bert_jax import export  # pylint: disable=import-outside-toplevel
+    imported, params, report = export.load_pretrained(path, vocab_size=model_config.vocab_size)
+    for field in _ARCHITECTURE_FIELDS:
+        if getattr(imported, field) != getattr(model_config, field):
+            raise ValueError(f"--config.init={path} has {field}={getattr(imported, field)!r} but "
+                             f"--config.model.{field}={getattr(model_config, field)!r}; set "
+                             f"--config.model.{field}={getattr(imported, field)!r}")
+    for note in report.notes:
+        logging.info("--config.init: %s", note)
+    if report.initialized:
+        logging.warning("--config.init: %s has no %s; initialised afresh", path, ", ".join(report.initialized))
+    if model_config.scan_layers:  # imports are in the unrolled layout (layer_0, layer_1, ...)
+        params = model_lib.stack_layers(params, model_config.num_layers)
+    return jax.device_put(params, params_shardings), path
+
+
+class _Profiler:
+    """A profiler trace of steps [start, start + num_steps) into WORKDIR/profile (TensorBoard's profile tab)."""
+
+    def __init__(self, workdir: str, start: int, num_steps: int):
+        self.directory = fileio.join(workdir, "profile")
+        self.start, self.stop = start, start + num_steps - 1
+        self.active = False
+
+    def before_step(self, step: int) -> None:
+        if self.start > 0 and step == self.start:
+            jax.profiler.start_trace(self.directory)
+            self.active = True
+
+    def after_step(self, step: int, outputs) -> None:
+        if self.active and step >= self.stop:
+            jax.block_until_ready(outputs)
+            jax.profiler.stop_trace()
+            self.active = False
+            logging.info("profiler trace of steps %d-%d written to %s", self.start, step, self.directory)
+
+
+def train_and_evaluate(config, workdir: str) -> dict[str, float]:
+    """Runs (or resumes) the pretraining job described by `config`; returns the last logged metrics.
+
+    On SIGTERM it saves a checkpoint at the current step and returns early, with "preempted_at_step" set.
+    """
+    run = _build(config, workdir)
+    data, train = config.data, config.train
+    train_batches = run.make_iterator(split="train", seed=train.seed)
+    writer = metrics_lib.MetricWriter(workdir)
+    flops_per_step = model_lib.model_flops_per_sequence(
+        run.model_config, data.max_seq_length, data.max_predictions_per_seq) * train.batch_size
+    peak = metrics_lib.peak_flops_per_device(jax.devices()[0], train.peak_flops_per_device) * jax.device_count()
+    checkpointer = _checkpointer(run)
+
+    with jax.set_mesh(run.mesh):
+        state, state_shardings, step_rng, train_batches = _start_state(run, checkpointer, train_batches)
+        num_params = sum(x.size for x in jax.tree.leaves(state.params))
+        logging.info("model: %s, %s parameters", run.model_config, f"{num_params:,}")
+        batch_sharding = sharding_lib.batch_sharding(run.mesh, run.rules)
+        replicated = NamedSharding(run.mesh, PartitionSpec())
+        train_step = jit_train_step(make_train_step(run.model, run.tx, run.schedule, run.rules, run.mesh,
+                                                    config.optim.grad_accum_steps), state_shardings, run.mesh,
+                                    run.rules)
+        eval_step = jax.jit(make_eval_step(run.model, run.rules),
+                            in_shardings=(state_shardings.params, batch_sharding), out_shardings=replicated)
+        if int(state.step) >= train.num_steps:
+            logging.warning("the checkpoint is already at step %d of train.num_steps=%d: nothing to train (raise "
+                            "--config.train.num_steps to train on)", int(state.step), train.num_steps)
+        preemption = checkpoint_lib.PreemptionWatcher()
+        profiler = _Profiler(workdir, train.profile_start_step, train.profile_steps)
+
+        window: list[dict[str, float]] = []  # host metrics of the steps since the last log line
+        timed_steps, window_start = 0, None
+        last_logged: dict[str, float] = {}
+        pending = None  # (step, device metrics) of the step before the one in flight
+
+        def consume(step, device_metrics):
+            host = {k: float(v) for k, v in jax.device_get(device_metrics).items()}
+            if not math.isfinite(host["loss"]):
+                raise NonFiniteLossError(f"non-finite loss {host['loss']} at step {step}; stopping without "
+                                         "saving this state (lower optim.learning_rate or check the data)")
+            window.append(host)
+
+        for step in range(int(state.step) + 1, train.num_steps + 1):
+            profiler.before_step(step)
+            batch = sharding_lib.make_global_batch(next(train_batches), batch_sharding)
+            state, metrics = train_step(state, batch, step_rng)
+            profiler.after_step(step, metrics)
+            # Reading the previous step's metrics keeps one step in flight while still naming a bad step exactly.
+            if pending is not None:
+                consume(*pending)
+            pending = (step, metrics)
+            if window_start is None:  # the first step includes compilation: time from its end
+                consume(*pending)
+                pending, window_start = None, time.perf_counter()
+            else:
+                timed_steps += 1
+            stop = preemption.should_stop(step)
+            save = checkpointer.should_save(step) or step == train.num_steps or stop
+            scalars = None
+            if save or step % train.log_every == 0 or stop:
+                if pending is not None:  # a state is saved only once its loss is known to be finite
+                    consume(*pending)
+                    pending = None
+            if step % train.log_every == 0 or step == train.num_steps or stop:
+                steps_per_second = timed_steps / (time.perf_counter() - window_start) if timed_steps else 0.0
+                scalars = {k: float(np.mean([m[k] for m in window])) for k in window[0]}
+                if steps_per_second:
+                    scalars["sequences_per_second"] = steps_per_second * train.batch_size
+                    scalars["tokens_per_second"] = scalars["sequences_per_second"] * data.max_seq_length
+                    if peak:
+                        scalars["mfu"] = flops_per_step * steps_per_second / peak
+                if data.eval_input_files and (step % train.eval_every == 0 or step == train.num_steps):
+                    eval_batches = run.make_iterator(split="eval", seed=train.seed)
+                    scalars.update(evaluate(eval_step, state.params, eval_batches, batch_sharding,
+                                            train.eval_steps))
+                logging.info("%s", metrics_lib.log_line(step, train.num_steps, scalars, steps_per_second))
+                writer.write(step, scalars)
+                last_logged = dict(scalars, step=step)
+                window, timed_steps, window_start = [], 0, time.perf_counter()
+            if save:
+                blocked = checkpointer.save(step, state, step_rng, train_batches, metrics=scalars)
+                logging.info("checkpoint: saving step %d to %s in the background (the loop waited %.3f s)", step,
+                             checkpointer.directory, blocked)
+            if stop:
+                checkpointer.wait()
+                logging.warning("SIGTERM received: saved a checkpoint at step %d in %s; stopping. Run the same "
+                                "command again to resume.", step, checkpointer.directory)
+                last_logged["preempted_at_step"] = step
+                break
+        checkpointer.close()
+        preemption.close()
+    writer.close()
+    return last_logged
+
+
+def evaluate_checkpoint(config, workdir: str, checkpoint: str = "") -> dict[str, float]:
+    """`--mode=eval`: held-out MLM loss/accuracy/perplexity and NSP loss/accuracy of a checkpoint's parameters.
+
+    `checkpoint` is a step directory or a checkpoints directory (its latest step); default WORKDIR/checkpoints.
+    Reads the whole held-out set (data.eval_input_files, or the workdir's held-out split for data=corpus; the
+    synthetic source has no end, so train.eval_steps batches of it). Results go to the log, to
+    WORKDIR/eval_metrics.jsonl and to TensorBoard under WORKDIR/tensorboard_eval.
+    """
+    run = _build(config, workdir)
+    if not config.data.eval_input_files and config.data.source != "synthetic":
+        raise ValueError("--mode=eval needs held-out data: set --config.data.eval_input_files (or use "
+                         "data=corpus with data.eval_every_nth_document > 0)")
+    checkpoint = checkpoint or fileio.join(workdir, checkpoint_lib.CHECKPOINT_SUBDIR)
+    with jax.set_mesh(run.mesh):
+        abstract, shardings, _ = abstract_train_state(run.model, run.tx, run.mesh, run.rules,
+                                                      config.data.max_seq_length,
+                                                      config.data.max_predictions_per_seq)
+        params, source = checkpoint_lib.restore_params(checkpoint, abstract.params, shardings.params)
+        step = int(source.rstrip("/").rsplit("/", 1)[-1]) if source.rstrip("/").rsplit("/", 1)[-1].isdigit() else 0
+        batch_sharding = sharding_lib.batch_sharding(run.mesh, run.rules)
+        eval_step = jax.jit(make_eval_step(run.model, run.rules), in_shardings=(shardings.params, batch_sharding),
+                            out_shardings=NamedSharding(run.mesh, PartitionSpec()))
+        num_batches = config.train.eval_steps if config.data.source == "synthetic" else None
+        results = evaluate(eval_step, params, run.make_iterator(split="eval", seed=config.train.seed),
+                           batch_sharding, num_batches)
+    writer = metrics_lib.MetricWriter(workdir, tensorboard_subdir="tensorboard_eval",
+                                      jsonl_name="eval_metrics.jsonl")
+    writer.write(step, dict(results))
+    writer.close()
+    logging.info("eval of %s: %s", source, " | ".join(f"{k} {v:.4f}" for k, v in results.items()))
+    return dict(results, step=step)
+
+
+def export_checkpoint(config, workdir: str, checkpoint: str = "", export_format: str = "hf", output: str = "") -> str:
+    """`--mode=export`: a checkpoint's parameters (default: the workdir's latest) as HuggingFace or Flax files.
+
+    The tokenizer is the run's (data.vocab_file, or the one the workdir's data step trained), so the export carries
+    the vocabulary the model was trained with, and the vocab padding is removed.
+    """
+    from bert_jax import export  # pylint: disable=import-outside-toplevel
+    from bert_jax.data import tokenization  # pylint: disable=import-outside-toplevel
+    _require_prepared_data(config)  # the tokenizer and the padded vocab size are the data step's
+    model_config = model_lib.BertConfig.from_config(config.model)
+    tokenizer = tokenization.load_tokenizer(config.data.vocab_file) if config.data.vocab_file else None
+    checkpoint = checkpoint or fileio.join(workdir, checkpoint_lib.CHECKPOINT_SUBDIR)
+    output = output or fileio.join(fileio.join(workdir, "export"), export_format)
+    return export.export_checkpoint(checkpoint, model_config, output, tokenizer=tokenizer,
+                                    export_format=export_format)

@@ -1,6 +1,13 @@
-"""Killing, preempting and resuming the driver in subprocesses; two processes as one 8-device mesh."""
+"""Killing, preempting and resuming the driver in subprocesses; two processes as one 8-device mesh.
+
+Only what needs the process boundary runs as a driver subprocess: the runs that are killed, preempted, resumed or
+split over two processes. The uninterrupted runs they must reproduce run in this process, through the function the
+driver calls (bert_jax.pretraining.train_and_evaluate) with the same config and the same XLA flags, which saves a
+driver start (imports, backend, input pipeline) per reference.
+"""
 
 import json
+import logging
 import os
 import signal
 import socket
@@ -10,38 +17,74 @@ import time
 
 import pytest
 
+from bert_jax import pretraining
+from configs import pretrain
 from tests import helpers
 
-# Dropout on, dynamic masking over the fixture TFRecords (re-shuffled every epoch): resuming exactly needs the
-# parameters, optimizer state, RNG and the tf.data iterator state all restored.
+NUM_STEPS = 24
+# Dropout on, dynamic masking over the fixture TFRecords (60 records: an epoch is 7 batches, re-shuffled every
+# epoch): resuming exactly needs the parameters, optimizer state, RNG and the tf.data iterator state all restored.
 TFRECORD_RUN = [
     "--config=configs/pretrain.py:size=tiny,data=tfrecord",
     f"--config.data.input_files={helpers.FIXTURES}/sample_seq128.tfrecord",
     "--config.data.masking=dynamic", "--config.data.shuffle_buffer=50",
     "--config.train.batch_size=8", "--config.train.log_every=1",
     "--config.model.max_position_embeddings=128", "--config.mesh.fsdp=2", "--config.mesh.tensor=2",
+    f"--config.train.num_steps={NUM_STEPS}", "--config.checkpoint.every_steps=3",
 ]
+# Two processes x 4 devices form one (2, 2, 2) mesh. A schedule that does not depend on num_steps (constant after
+# warmup), so that runs of any length, and one stopped by SIGTERM, are the start of each other.
+SYNTHETIC_RUN = [
+    "--config=configs/pretrain.py:size=tiny,data=synthetic", "--config.train.batch_size=8",
+    "--config.train.log_every=1", "--config.checkpoint.every_steps=2", "--config.mesh.fsdp=2",
+    "--config.mesh.tensor=2", "--config.model.max_position_embeddings=128", "--config.optim.end_learning_rate=1e-3",
+]
+# For the uninterrupted references: a checkpoint must not change the run, and saving only at the end is quicker.
+NO_PERIODIC_SAVES = ["--config.checkpoint.every_steps=0"]
+LOSSES = ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy", "grad_norm", "learning_rate")
 
 
-def _env(devices=8):
+def _env(devices):
+    """This process's environment and XLA flags (conftest's: the driver's CPU options), with `devices` devices."""
+    flags = [flag for flag in os.environ.get("XLA_FLAGS", "").split()
+             if not flag.startswith("--xla_force_host_platform_device_count")]
     return dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2",
-                XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+                XLA_FLAGS=" ".join([*flags, f"--xla_force_host_platform_device_count={devices}"]))
 
 
-def _start(workdir, args, devices=8, extra=()):
-    log = open(os.path.join(str(workdir) + ".log"), "a")
-    return subprocess.Popen([sys.executable, "-m", "bert_jax.main", f"--workdir={workdir}", *args, *extra],
-                            cwd=helpers.ROOT, env=_env(devices), stdout=log, stderr=subprocess.STDOUT)
+def _start(workdir, args, log_path, devices=8, extra=()):
+    with open(log_path, "a") as log:
+        return subprocess.Popen([sys.executable, "-m", "bert_jax.main", f"--workdir={workdir}", *args, *extra],
+                                cwd=helpers.ROOT, env=_env(devices), stdout=log, stderr=subprocess.STDOUT)
 
 
-def _log(workdir):
-    with open(str(workdir) + ".log") as file:
+def _start_pair(workdir, args, log_path):
+    port = _free_port()
+    return [_start(workdir, args, log_path, devices=4, extra=(f"--coordinator_address=localhost:{port}",
+                                                              "--num_processes=2", f"--process_id={index}"))
+            for index in range(2)]
+
+
+def _read(path):
+    with open(path) as file:
         return file.read()
 
 
-def _run(workdir, args, devices=8):
-    process = _start(workdir, args, devices)
-    assert process.wait(timeout=300) == 0, _log(workdir)[-3000:]
+def _wait(processes, log_path, timeout=300):
+    for process in processes:
+        assert process.wait(timeout=timeout) == 0, _read(log_path)[-4000:]
+
+
+def _in_process_config(args):
+    """The config the driver builds from `args` (--config=FILE:ARG and --config.SECTION.FIELD=VALUE flags)."""
+    [arg] = [flag.split(":", 1)[1] for flag in args if flag.startswith("--config=")]
+    config = pretrain.get_config(arg)
+    for flag in args:
+        if flag.startswith("--config."):
+            name, value = flag[len("--config."):].split("=", 1)
+            section, field = name.split(".")
+            config[section][field] = type(config[section][field])(value)
+    return config
 
 
 def _metrics(workdir):
@@ -54,12 +97,12 @@ def _metrics(workdir):
     return {line["step"]: line for line in lines}
 
 
-def _wait_for_step(process, workdir, step, timeout=240):
+def _wait_for_step(process, workdir, step, log_path, timeout=240):
     deadline = time.time() + timeout
     while time.time() < deadline:
         if _metrics(workdir) and max(_metrics(workdir)) >= step:
             return
-        assert process.poll() is None, f"the run ended before step {step}:\n" + _log(workdir)[-3000:]
+        assert process.poll() is None, f"the run ended before step {step}:\n" + _read(log_path)[-3000:]
         time.sleep(0.05)
     raise AssertionError(f"step {step} not reached in {timeout} s")
 
@@ -68,128 +111,108 @@ def _checkpoint_steps(workdir):
     return sorted(int(name) for name in os.listdir(os.path.join(workdir, "checkpoints")) if name.isdigit())
 
 
-@pytest.mark.slow
-def test_kill_9_then_resume_gives_the_uninterrupted_losses_bit_for_bit(tmp_path):
-    args = [*TFRECORD_RUN, "--config.train.num_steps=40", "--config.checkpoint.every_steps=7"]
-    reference = tmp_path / "reference"
-    _run(reference, args)
-    expected = _metrics(reference)
-
-    workdir = tmp_path / "killed"
-    process = _start(workdir, args)
-    _wait_for_step(process, workdir, 17)
-    process.kill()  # SIGKILL: no handler runs, an asynchronous save may be half-written
-    process.wait()
-    killed_at = max(_metrics(workdir))
-    assert killed_at < 40, "the run finished before it was killed"
-    # The saves that were complete when the process died (a step's directory appears only once its save is
-    # finalised). On a loaded host the step-14 save can still be in flight at step 17; then the run must resume
-    # from step 7, not from the half-written 14.
-    complete = _checkpoint_steps(workdir)
-    assert complete and complete[-1] >= 7, complete
-    _run(workdir, args)
-    log = _log(workdir)
-    resumed_from = max(step for step in (7, 14, 21, 28, 35) if f"resumed from {workdir}/checkpoints/{step} " in log)
-    assert resumed_from == complete[-1] <= killed_at
-    got = _metrics(workdir)
-    assert sorted(got) == sorted(expected) == list(range(1, 41))
-    for step in range(1, 41):
-        for name in ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy", "grad_norm"):
-            assert got[step][name] == expected[step][name], (step, name)
-
-
-@pytest.mark.slow
-def test_sigterm_saves_the_current_step_and_exits_0_even_when_repeated(tmp_path):
-    workdir = tmp_path / "run"
-    args = [*TFRECORD_RUN, "--config.train.num_steps=100000", "--config.checkpoint.every_steps=0"]
-    process = _start(workdir, args)
-    _wait_for_step(process, workdir, 5)
-    process.send_signal(signal.SIGTERM)
-    time.sleep(0.3)
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)  # a second, impatient signal must not corrupt the save
-    assert process.wait(timeout=120) == 0, _log(workdir)[-3000:]
-    log = _log(workdir)
-    [saved] = _checkpoint_steps(workdir)  # every_steps=0: the only checkpoint is the one SIGTERM made
-    assert saved == max(_metrics(workdir)) >= 5
-    assert f"SIGTERM received: saved a checkpoint at step {saved}" in log
-
-    # The saved step restores: a run to saved + 2 resumes from it and trains two more steps.
-    _run(workdir, [*args[:-2], f"--config.train.num_steps={saved + 2}", "--config.checkpoint.every_steps=0"])
-    assert f"resumed from {workdir}/checkpoints/{saved} at step {saved}" in _log(workdir)
-    assert max(_metrics(workdir)) == saved + 2
-
-
 def _free_port():
     with socket.socket() as sock:
         sock.bind(("localhost", 0))
         return sock.getsockname()[1]
 
 
+def _sigterm_twice(process):
+    process.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)  # a second, impatient signal must not corrupt the save
+
+
 @pytest.mark.slow
-def test_two_processes_train_checkpoint_and_resume_like_one(tmp_path):
-    """Two processes x 4 CPU devices, jax.distributed over localhost, form one (2, 2, 2) mesh: the losses equal a
-    single process with 8 devices (dropout on; every row on the same device as in the single process), and the
-    pair checkpoints and resumes. Cross-process reductions (gloo) may add in another order than in-process ones,
-    which was seen to move a loss by one float32 ulp, so equality is to 1e-6 relative."""
-    common = ["--config=configs/pretrain.py:size=tiny,data=synthetic", "--config.train.batch_size=8",
-              "--config.train.log_every=1", "--config.checkpoint.every_steps=3", "--config.mesh.fsdp=2",
-              "--config.mesh.tensor=2", "--config.model.max_position_embeddings=128",
-              # A schedule independent of num_steps, so that a 5-step run is the start of an 8-step one.
-              "--config.optim.end_learning_rate=1e-3"]
-    single = tmp_path / "single"
-    _run(single, [*common, "--config.train.num_steps=8"])
-    expected = _metrics(single)
+def test_kill_9_then_sigterm_then_resume_gives_the_uninterrupted_losses_bit_for_bit(tmp_path):
+    """One run interrupted twice: SIGKILL (no handler runs; an asynchronous save may be half-written), then, in the
+    run that resumed from it, SIGTERM (sent twice), which saves the current step and exits 0; the third run
+    finishes. Every step's losses equal the uninterrupted run's bit for bit."""
+    workdir = tmp_path / "run"
+    logs = [tmp_path / f"run{index}.log" for index in range(3)]
 
+    process = _start(workdir, TFRECORD_RUN, logs[0])
+    _wait_for_step(process, workdir, 7, logs[0])
+    process.kill()
+    process.wait()
+    killed_at = max(_metrics(workdir))
+    assert killed_at < NUM_STEPS, "the run finished before it was killed"
+    # The saves that were complete when the process died (a step's directory appears only once its save is
+    # finalised). On a loaded host the step-6 save can still be in flight at step 7; then the run must resume
+    # from step 3, not from the half-written 6.
+    complete = _checkpoint_steps(workdir)
+    assert complete and complete[-1] >= 3, complete
+
+    process = _start(workdir, TFRECORD_RUN, logs[1])
+    _wait_for_step(process, workdir, killed_at + 2, logs[1])  # past the step it was killed at
+    _sigterm_twice(process)
+    assert process.wait(timeout=120) == 0, _read(logs[1])[-3000:]
+    log = _read(logs[1])
+    assert f"resumed from {workdir}/checkpoints/{complete[-1]} at step {complete[-1]} " in log
+    saved = max(_metrics(workdir))
+    assert killed_at + 2 <= saved < NUM_STEPS, "the run finished before SIGTERM"
+    assert f"SIGTERM received: saved a checkpoint at step {saved} " in log
+    assert saved in _checkpoint_steps(workdir)
+
+    process = _start(workdir, TFRECORD_RUN, logs[2])
+    _wait([process], logs[2])
+    assert f"resumed from {workdir}/checkpoints/{saved} at step {saved} " in _read(logs[2])
+
+    pretraining.train_and_evaluate(_in_process_config([*TFRECORD_RUN, *NO_PERIODIC_SAVES]), str(tmp_path / "reference"))
+    expected, got = _metrics(tmp_path / "reference"), _metrics(workdir)
+    assert sorted(got) == sorted(expected) == list(range(1, NUM_STEPS + 1))
+    for step in range(1, NUM_STEPS + 1):
+        for name in LOSSES:
+            assert got[step][name] == expected[step][name], (step, name)
+
+
+@pytest.mark.slow
+def test_two_processes_train_like_one_stop_together_on_sigterm_and_resume(tmp_path, caplog):
+    """Two processes x 4 CPU devices, jax.distributed over localhost, form one (2, 2, 2) mesh.
+
+    - SIGTERM to one of them (the pod-slice preemption path: JAX's preemption service tells every process) stops
+      both at the same step, each saving it (its own input position), and both exit 0;
+    - the pair resumes from that step;
+    - its losses equal one process with 8 devices (dropout on; every row on the same device as in the single
+      process). Cross-process reductions (gloo) may add in another order than in-process ones, which was seen to
+      move a loss by one float32 ulp, so equality is to 1e-6 relative;
+    - one process takes over the pair's workdir: parameters and optimizer resume; the per-process input positions
+      cannot, so the input goes on as a new stream, with a warning.
+    """
     pair = tmp_path / "pair"
+    logs = [tmp_path / "pair0.log", tmp_path / "pair1.log"]
+    processes = _start_pair(pair, [*SYNTHETIC_RUN, "--config.train.num_steps=100000"], logs[0])
+    _wait_for_step(processes[0], pair, 3, logs[0])
+    processes[1].send_signal(signal.SIGTERM)
+    _wait(processes, logs[0], timeout=120)
+    log = _read(logs[0])
+    assert "over 8 devices (cpu), 2 processes" in log
+    *periodic, saved = _checkpoint_steps(pair)
+    assert saved == max(_metrics(pair)) >= 3
+    assert periodic and all(step % 2 == 0 for step in periodic), periodic  # every_steps=2 saves, by both
+    assert log.count(f"SIGTERM received: saved a checkpoint at step {saved} ") == 2
+    for step in (periodic[-1], saved):
+        assert sorted(os.listdir(pair / "checkpoints" / str(step) / "data")) == [
+            "commit_success.txt", "process_0-of-2.json", "process_1-of-2.json"]
 
-    def run_pair(num_steps):
-        port = _free_port()
-        processes = [_start(pair, [*common, f"--config.train.num_steps={num_steps}"], devices=4,
-                            extra=(f"--coordinator_address=localhost:{port}", "--num_processes=2",
-                                   f"--process_id={index}")) for index in range(2)]
-        for process in processes:
-            assert process.wait(timeout=300) == 0, _log(pair)[-4000:]
+    end = saved + 2
+    _wait(_start_pair(pair, [*SYNTHETIC_RUN, f"--config.train.num_steps={end}"], logs[1]), logs[1])
+    assert f"resumed from {pair}/checkpoints/{saved} at step {saved} " in _read(logs[1])
+    assert _checkpoint_steps(pair)[-1] == end
 
-    run_pair(5)
-    assert _checkpoint_steps(pair) == [3, 5]
-    assert "over 8 devices (cpu), 2 processes" in _log(pair)
-    data_files = sorted(os.listdir(pair / "checkpoints" / "5" / "data"))
-    assert "process_0-of-2.json" in data_files and "process_1-of-2.json" in data_files
-    run_pair(8)
-    assert f"resumed from {pair}/checkpoints/5 at step 5" in _log(pair)
-    got = _metrics(pair)
-    assert sorted(got) == sorted(expected) == list(range(1, 9))
-    for step in range(1, 9):
+    pretraining.train_and_evaluate(
+        _in_process_config([*SYNTHETIC_RUN, f"--config.train.num_steps={end}", *NO_PERIODIC_SAVES]),
+        str(tmp_path / "single"))
+    expected, got = _metrics(tmp_path / "single"), _metrics(pair)
+    assert sorted(got) == sorted(expected) == list(range(1, end + 1))
+    for step in range(1, end + 1):
         for name in ("loss", "mlm_loss", "nsp_loss", "grad_norm"):
             assert got[step][name] == pytest.approx(expected[step][name], rel=1e-6, abs=0), (step, name)
 
-    # One process takes over the pair's workdir: parameters and optimizer resume; the per-process input
-    # positions cannot, so the input goes on as a new stream, with a warning.
-    _run(pair, [*common, "--config.train.num_steps=9"])
-    log = _log(pair)
-    assert "written by a different number of processes" in log
-    assert f"resumed from {pair}/checkpoints/8 at step 8" in log
-    assert max(_metrics(pair)) == 9
-
-
-@pytest.mark.slow
-def test_sigterm_to_one_of_two_processes_stops_both_at_the_same_saved_step(tmp_path):
-    """The pod-slice preemption path: JAX's preemption service tells every process, all save one step, exit 0."""
-    workdir = tmp_path / "pair"
-    port = _free_port()
-    args = ["--config=configs/pretrain.py:size=tiny,data=synthetic", "--config.train.batch_size=8",
-            "--config.train.log_every=1", "--config.checkpoint.every_steps=0", "--config.mesh.fsdp=2",
-            "--config.mesh.tensor=2", "--config.model.max_position_embeddings=128",
-            "--config.train.num_steps=100000"]
-    processes = [_start(workdir, args, devices=4, extra=(f"--coordinator_address=localhost:{port}",
-                                                         "--num_processes=2", f"--process_id={index}"))
-                 for index in range(2)]
-    _wait_for_step(processes[0], workdir, 3)
-    processes[1].send_signal(signal.SIGTERM)
-    for process in processes:
-        assert process.wait(timeout=120) == 0, _log(workdir)[-4000:]
-    [saved] = _checkpoint_steps(workdir)
-    assert _log(workdir).count(f"SIGTERM received: saved a checkpoint at step {saved} ") == 2
-    assert sorted(os.listdir(workdir / "checkpoints" / str(saved) / "data")) == [
-        "commit_success.txt", "process_0-of-2.json", "process_1-of-2.json"]
+    with caplog.at_level(logging.INFO):
+        pretraining.train_and_evaluate(_in_process_config([*SYNTHETIC_RUN, f"--config.train.num_steps={end + 1}"]),
+                                       str(pair))
+    assert "written by a different number of processes" in caplog.text
+    assert f"resumed from {pair}/checkpoints/{end} at step {end} " in caplog.text
+    assert max(_metrics(pair)) == end + 1

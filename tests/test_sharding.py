@@ -4,8 +4,11 @@ This guards the XLA:CPU miscompilation seen on this stack (wrong gradients for a
 ('data', 'fsdp') with FSDP + tensor-parallel parameters) as well as any sharding rule that changes the maths.
 """
 
+import dataclasses
+
 import jax
 import numpy as np
+import optax
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
@@ -18,6 +21,11 @@ from tests import helpers
 
 MESHES = [(8, 1, 1), (2, 2, 2), (1, 4, 2), (2, 1, 4), (1, 1, 8)]
 SEQ, PREDS, BATCH = 32, 5, 16
+STEPS = 5
+STEP_RNG = jax.random.key(1)
+# The train step's dropout key for its first step (state.step 0): gradient functions called with it see the same
+# dropout masks as that step.
+FIRST_STEP_DROPOUT_RNG = jax.random.fold_in(STEP_RNG, 0)
 
 
 def _setup(mesh_shape, dropout, batch_axes=None, scan_layers=False):
@@ -40,8 +48,9 @@ def _batches(vocab_size, count):
     return [next(batches) for _ in range(count)]
 
 
-def _loss_and_grads(mesh_shape, batch, dropout, batch_axes=None, scan_layers=False):
-    config, mesh, rules, model, tx, _ = _setup(mesh_shape, dropout, batch_axes, scan_layers)
+def _loss_and_grads(mesh_shape, batch, rng, batch_axes=None, scan_layers=False):
+    """Loss and gradients (dropout on) of one batch, jitted with the mesh's shardings, and the initial parameters."""
+    config, mesh, rules, model, tx, _ = _setup(mesh_shape, True, batch_axes, scan_layers)
     with jax.set_mesh(mesh):
         state, shardings = train.create_train_state(model, tx, mesh, rules, jax.random.key(0), SEQ, PREDS)
         batch_sharding = sharding_lib.batch_sharding(mesh, rules)
@@ -54,24 +63,48 @@ def _loss_and_grads(mesh_shape, batch, dropout, batch_axes=None, scan_layers=Fal
 
         fn = jax.jit(loss_and_grads, in_shardings=(shardings.params, batch_sharding, replicated),
                      out_shardings=(replicated, shardings.params))
-        loss, grads = fn(state.params, sharding_lib.make_global_batch(batch, batch_sharding), jax.random.key(1))
+        loss, grads = fn(state.params, sharding_lib.make_global_batch(batch, batch_sharding), rng)
         return float(loss), jax.device_get(grads), jax.device_get(state.params)
 
 
-def _run_steps(mesh_shape, batches, dropout):
-    config, mesh, rules, model, tx, schedule = _setup(mesh_shape, dropout)
+@dataclasses.dataclass
+class Run:
+    initial_params: dict
+    losses: np.ndarray  # one per step
+    first_grad_norm: float
+    first_grads: dict  # the gradient of the first step
+    final_state: train.TrainState
+
+
+def _first_step_gradients(opt_state, grad_norm, optim_config):
+    """The first step's gradient, read back from AdamW's first moment.
+
+    After one step mu = (1 - b1) * clip(g), and clip(g) = g * min(1, max_grad_norm / |g|), with |g| the grad_norm
+    metric: so one compiled train step yields the loss, every gradient and the optimizer's steps, without compiling
+    a separate gradient function per mesh.
+    """
+    [adam] = [s for s in jax.tree.leaves(opt_state, is_leaf=lambda s: isinstance(s, optax.ScaleByAdamState))
+              if isinstance(s, optax.ScaleByAdamState)]
+    scale = max(1.0, grad_norm / optim_config.max_grad_norm) / (1 - optim_config.b1)
+    return jax.tree.map(lambda mu: np.asarray(mu, np.float64) * scale, adam.mu)
+
+
+def _train(mesh_shape, batches):
+    """len(batches) steps of the training loop's jitted train step (state donated, dropout on) over the mesh."""
+    config, mesh, rules, model, tx, schedule = _setup(mesh_shape, dropout=True)
     with jax.set_mesh(mesh):
         state, shardings = train.create_train_state(model, tx, mesh, rules, jax.random.key(0), SEQ, PREDS)
+        initial_params = jax.device_get(state.params)
+        step = train.jit_train_step(train.make_train_step(model, tx, schedule, rules, mesh), shardings, mesh, rules)
         batch_sharding = sharding_lib.batch_sharding(mesh, rules)
-        replicated = NamedSharding(mesh, PartitionSpec())
-        step = jax.jit(train.make_train_step(model, tx, schedule, rules, mesh, config.optim.grad_accum_steps),
-                       in_shardings=(shardings, batch_sharding, replicated), out_shardings=(shardings, replicated),
-                       donate_argnums=0)
         losses = []
         for batch in batches:
-            state, metrics = step(state, sharding_lib.make_global_batch(batch, batch_sharding), jax.random.key(1))
+            state, metrics = step(state, sharding_lib.make_global_batch(batch, batch_sharding), STEP_RNG)
             losses.append(float(metrics["loss"]))
-        return np.array(losses), jax.device_get(state)
+            if len(losses) == 1:
+                first_grad_norm = float(metrics["grad_norm"])
+                first_grads = _first_step_gradients(jax.device_get(state.opt_state), first_grad_norm, config.optim)
+        return Run(initial_params, np.array(losses), first_grad_norm, first_grads, jax.device_get(state))
 
 
 def _assert_trees_close(actual, expected, rtol, what):
@@ -90,59 +123,59 @@ def _assert_trees_close(actual, expected, rtol, what):
 
 @pytest.fixture(scope="module")
 def reference():
-    batch = _batches(helpers.TINY_VOCAB, 1)[0]
-    return batch, _loss_and_grads((1, 1, 1), batch, dropout=True)
+    """The unsharded run, once per module: the batches and a Run on one device."""
+    batches = _batches(helpers.TINY_VOCAB, STEPS)
+    return batches, _train((1, 1, 1), batches)
 
 
 @pytest.mark.parametrize("mesh_shape", MESHES, ids=lambda m: "x".join(map(str, m)))
-def test_sharded_gradients_equal_unsharded(mesh_shape, reference):
-    batch, (ref_loss, ref_grads, ref_params) = reference
-    loss, grads, params = _loss_and_grads(mesh_shape, batch, dropout=True)
+def test_sharded_gradients_and_five_optimizer_steps_equal_unsharded(mesh_shape, reference):
+    batches, expected = reference
+    got = _train(mesh_shape, batches)
     # Same initial parameters: initialisation must not depend on the mesh.
-    _assert_trees_close(params, ref_params, 0.0, "initial parameter")
-    assert abs(loss - ref_loss) <= 1e-5 * abs(ref_loss)
-    _assert_trees_close(grads, ref_grads, 1e-5, "gradient")
+    _assert_trees_close(got.initial_params, expected.initial_params, 0.0, "initial parameter")
+    # The first step: its loss and every gradient.
+    assert abs(got.losses[0] - expected.losses[0]) <= 1e-5 * abs(expected.losses[0])
+    assert got.first_grad_norm == pytest.approx(expected.first_grad_norm, rel=1e-5)
+    _assert_trees_close(got.first_grads, expected.first_grads, 1e-5, "gradient")
     # Every gradient is real: a broken (all-zero) path would pass the relative check trivially.
-    assert all(np.any(np.asarray(g) != 0) for g in jax.tree.leaves(ref_grads))
+    assert all(np.any(np.asarray(g) != 0) for g in jax.tree.leaves(expected.first_grads))
+    # Five optimizer steps.
+    np.testing.assert_allclose(got.losses, expected.losses, rtol=1e-5)
+    assert int(got.final_state.step) == STEPS
+    _assert_trees_close(got.final_state.params, expected.final_state.params, 1e-5, f"parameter after {STEPS} steps")
+    _assert_trees_close(got.final_state.opt_state, expected.final_state.opt_state, 1e-4,
+                        f"optimizer state after {STEPS} steps")
+
+
+@pytest.fixture(scope="module")
+def scanned_reference():
+    batch = _batches(helpers.TINY_VOCAB, 1)[0]
+    return batch, _loss_and_grads((1, 1, 1), batch, FIRST_STEP_DROPOUT_RNG, scan_layers=True)
 
 
 @pytest.mark.parametrize("mesh_shape", [(2, 2, 2), (1, 1, 8)], ids=lambda m: "x".join(map(str, m)))
-def test_scanned_layers_sharded_gradients_equal_unsharded(mesh_shape):
+def test_scanned_layers_sharded_gradients_equal_unsharded(mesh_shape, scanned_reference):
     # Scanned layers (one nn.scan, parameters stacked on an unsharded leading layer axis), with dropout: the scan
     # body's sharding constraints and per-layer dropout keys must not depend on the mesh either.
-    batch = _batches(helpers.TINY_VOCAB, 1)[0]
-    ref_loss, ref_grads, ref_params = _loss_and_grads((1, 1, 1), batch, dropout=True, scan_layers=True)
-    loss, grads, params = _loss_and_grads(mesh_shape, batch, dropout=True, scan_layers=True)
+    batch, (ref_loss, ref_grads, ref_params) = scanned_reference
+    loss, grads, params = _loss_and_grads(mesh_shape, batch, FIRST_STEP_DROPOUT_RNG, scan_layers=True)
     assert model_lib.SCANNED_LAYERS in params
     _assert_trees_close(params, ref_params, 0.0, "initial parameter")
     assert abs(loss - ref_loss) <= 1e-5 * abs(ref_loss)
     _assert_trees_close(grads, ref_grads, 1e-5, "gradient")
 
 
-@pytest.mark.parametrize("batch_axes", [("data", "fsdp"), ("fsdp", "data")])
-def test_batch_axis_order_does_not_change_gradients(batch_axes, reference):
+def test_batch_axis_order_does_not_change_gradients(reference):
     # XLA:CPU in jaxlib 0.10.2 was seen computing wrong gradients for a batch over ('data', 'fsdp') with FSDP + TP
-    # parameters; whichever order a user's rules pick, the gradients must stay those of the unsharded model.
-    batch, (ref_loss, ref_grads, _) = reference
-    loss, grads, _ = _loss_and_grads((2, 2, 2), batch, dropout=True, batch_axes=batch_axes)
-    assert abs(loss - ref_loss) <= 1e-5 * abs(ref_loss)
-    _assert_trees_close(grads, ref_grads, 1e-5, "gradient")
-
-
-@pytest.fixture(scope="module")
-def reference_steps():
-    batches = _batches(helpers.TINY_VOCAB, 5)
-    return batches, _run_steps((1, 1, 1), batches, dropout=True)
-
-
-@pytest.mark.parametrize("mesh_shape", MESHES, ids=lambda m: "x".join(map(str, m)))
-def test_five_sharded_optimizer_steps_equal_unsharded(mesh_shape, reference_steps):
-    batches, (ref_losses, ref_state) = reference_steps
-    losses, state = _run_steps(mesh_shape, batches, dropout=True)
-    np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
-    assert int(state.step) == 5
-    _assert_trees_close(state.params, ref_state.params, 1e-5, "parameter after 5 steps")
-    _assert_trees_close(state.opt_state, ref_state.opt_state, 1e-4, "optimizer state after 5 steps")
+    # parameters; whichever order a user's rules pick, the gradients must stay those of the unsharded model. The
+    # default order, ('fsdp', 'data'), is the mesh test's on (2, 2, 2); this is the other one. Its gradient function
+    # is compared with the gradient the unsharded train step's first moment gives back, which also checks that reading.
+    assert dict(helpers.tiny_config().mesh.rules)["batch"] == ("fsdp", "data")
+    batches, expected = reference
+    loss, grads, _ = _loss_and_grads((2, 2, 2), batches[0], FIRST_STEP_DROPOUT_RNG, batch_axes=("data", "fsdp"))
+    assert abs(loss - expected.losses[0]) <= 1e-5 * abs(expected.losses[0])
+    _assert_trees_close(grads, expected.first_grads, 1e-5, "gradient")
 
 
 def test_parameters_and_optimizer_state_are_sharded():

@@ -11,7 +11,7 @@ order) and model_config.json.
 `extract_features(config, workdir)` writes one embedding per input text, in input order, to a .npy file.
 
 Both start from `config.init`: a bert_jax checkpoint (pretraining or fine-tuned) or, through
-`bert_jax.export.load_pretrained`, a HuggingFace / original-TF checkpoint. Only the encoder and pooler are read
+`bert_jax.pretrained.load_pretrained`, a HuggingFace / original-TF checkpoint. Only the encoder and pooler are read
 (their names are shared with BertForPreTraining, see bert_jax.model); the classifier always starts fresh.
 Examples are held in memory as numpy arrays (GLUE-sized data fits easily) and every process reads them all,
 then feeds its own rows of each global batch.
@@ -124,17 +124,17 @@ def resolve_model(config) -> ModelSource:
     if not config.init or checkpoint_lib.is_checkpoint(config.init):
         return ModelSource(own, None, config.init or "scratch")
     try:
-        from bert_jax.export import load_pretrained  # pylint: disable=import-outside-toplevel
+        from bert_jax.pretrained import load_pretrained  # pylint: disable=import-outside-toplevel
     except ImportError as error:
         if not fileio.exists(config.init):
             raise FileNotFoundError(f"--config.init={config.init!r} does not exist") from None
         raise ValueError(f"--config.init={config.init!r} is not a bert_jax checkpoint (no "
                          f"'{checkpoint_lib.STATE_ITEM}' directory or numbered steps), and HuggingFace / original-TF "
-                         f"import is unavailable: bert_jax.export.load_pretrained could not be imported ({error}). "
+                         f"import is unavailable: bert_jax.pretrained.load_pretrained could not be imported ({error}). "
                          "Fix: point --config.init at a bert_jax checkpoint, or install the export dependencies"
                          ) from error
     foreign_config, params, report = load_pretrained(config.init)
-    logging.info("read %s with bert_jax.export: %s", config.init, report)
+    logging.info("read %s with bert_jax.pretrained: %s", config.init, report)
     model_config = dataclasses.replace(foreign_config, dtype=own.dtype, dropout_rate=own.dropout_rate,
                                        attention_dropout_rate=own.attention_dropout_rate).validate()
     return ModelSource(model_config, params, config.init)

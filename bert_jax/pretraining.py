@@ -136,11 +136,11 @@ _ARCHITECTURE_FIELDS = ("hidden_size", "num_layers", "num_heads", "intermediate_
 
 def _init_params(path: str, model_config: model_lib.BertConfig, abstract_params, params_shardings):
     """Parameters for --config.init: one of our checkpoints, or a HuggingFace / original Google / Flax export
-    (bert_jax.export.load_pretrained: heads missing there are initialised and reported)."""
+    (bert_jax.pretrained.load_pretrained: heads missing there are initialised and reported)."""
     if checkpoint_lib.is_checkpoint(path):
         return checkpoint_lib.restore_params(path, abstract_params, params_shardings)
-    from bert_jax import export  # pylint: disable=import-outside-toplevel
-    imported, params, report = export.load_pretrained(path, vocab_size=model_config.vocab_size)
+    from bert_jax import pretrained  # pylint: disable=import-outside-toplevel
+    imported, params, report = pretrained.load_pretrained(path, vocab_size=model_config.vocab_size)
     for field in _ARCHITECTURE_FIELDS:
         if getattr(imported, field) != getattr(model_config, field):
             raise ValueError(f"--config.init={path} has {field}={getattr(imported, field)!r} but "

@@ -94,8 +94,8 @@ def get_config(arg=None):
     train.seed = 0  # seeds the classifier initialisation, dropout and the example order
 
     # Parameters to start from: a bert_jax pretraining checkpoint (step directory or checkpoints directory), a
-    # fine-tuned WORKDIR/finetuned directory, or a HuggingFace / original-TF BERT checkpoint (via
-    # bert_jax.export). Only the encoder and pooler are read; the classifier always starts fresh. Empty: from scratch.
+    # fine-tuned WORKDIR/finetuned directory, or a HuggingFace / original-TF BERT checkpoint (via bert_jax.pretrained).
+    # Only the encoder and pooler are read; the classifier always starts fresh. Empty: from scratch.
     config.init = ""
 
     config.features = features = ml_collections.ConfigDict()

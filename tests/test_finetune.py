@@ -229,7 +229,7 @@ def test_init_from_a_pretraining_checkpoint_loads_the_encoder_exactly(task, pret
 
 
 def test_init_from_a_foreign_checkpoint_takes_its_architecture_and_weights(task, tmp_path, monkeypatch):
-    # bert_jax.export.load_pretrained (HuggingFace / original TF) stood in for by a fake: the contract is
+    # bert_jax.pretrained.load_pretrained (HuggingFace / original TF) stood in for by a fake: the contract is
     # (BertConfig, BertForPreTraining-shaped host params, report).
     foreign = model_lib.BertConfig(vocab_size=256, hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128,
                                    max_position_embeddings=32, dropout_rate=0.3)
@@ -237,9 +237,9 @@ def test_init_from_a_foreign_checkpoint_takes_its_architecture_and_weights(task,
     weights = jax.tree.map(np.asarray, nn.meta.unbox(model_lib.BertForPreTraining(foreign).init(
         jax.random.key(3), ids, ids, ids, np.zeros((1, 1), np.int32)))["params"])
     served = {"params": weights}
-    fake = types.ModuleType("bert_jax.export")
+    fake = types.ModuleType("bert_jax.pretrained")
     fake.load_pretrained = lambda path: (foreign, served["params"], f"fake import of {path}")
-    monkeypatch.setitem(sys.modules, "bert_jax.export", fake)
+    monkeypatch.setitem(sys.modules, "bert_jax.pretrained", fake)
     hf_dir = tmp_path / "hf_model"
     hf_dir.mkdir()
     (hf_dir / "config.json").write_text("{}")
@@ -266,8 +266,8 @@ def test_init_from_a_foreign_checkpoint_takes_its_architecture_and_weights(task,
         with pytest.raises(ValueError, match=r"the converted checkpoint lacks \['layer_1'\]"):
             finetune.load_params(config, model, finetune.resolve_model(config), mesh, rules, jax.random.key(0))
 
-    monkeypatch.setitem(sys.modules, "bert_jax.export", None)  # the import fails
-    with pytest.raises(ValueError, match=r"not a bert_jax checkpoint.*bert_jax.export.load_pretrained could not "
+    monkeypatch.setitem(sys.modules, "bert_jax.pretrained", None)  # the import fails
+    with pytest.raises(ValueError, match=r"not a bert_jax checkpoint.*bert_jax.pretrained.load_pretrained could not "
                                          r"be imported"):
         finetune.resolve_model(config)
 

@@ -1,7 +1,7 @@
 """Export / import benchmark: `python -m bert_jax.benchmarks.export --size=base`.
 
 Writes a preset's parameters as one of our Orbax checkpoints, then times: export of that checkpoint to a
-HuggingFace directory and to the Flax format, import of each back (bert_jax.export.load_pretrained), and loading the
+HuggingFace directory and to the Flax format, import of each back (bert_jax.pretrained.load_pretrained), and loading the
 HuggingFace directory with transformers (when installed), printing the sizes on disk.
 """
 
@@ -17,6 +17,7 @@ import numpy as np
 
 from bert_jax import checkpoint as checkpoint_lib
 from bert_jax import export
+from bert_jax import pretrained
 from bert_jax.data import input_pipeline
 from bert_jax import model as model_lib
 from bert_jax import optim
@@ -61,9 +62,9 @@ def measure(size: str, root: str) -> list[tuple[str, float, str]]:
     rows.append(("export checkpoint -> HuggingFace", seconds, f"{_megabytes(hf_dir):.0f} MiB"))
     _, seconds = _timed(export.export_checkpoint, checkpoint, model_config, flax_dir, export_format="flax")
     rows.append(("export checkpoint -> Flax safetensors", seconds, f"{_megabytes(flax_dir):.0f} MiB"))
-    (_, hf_params, _), seconds = _timed(export.load_pretrained, hf_dir)
+    (_, hf_params, _), seconds = _timed(pretrained.load_pretrained, hf_dir)
     rows.append(("import HuggingFace -> params", seconds, ""))
-    (_, flax_params, _), seconds = _timed(export.load_pretrained, flax_dir)
+    (_, flax_params, _), seconds = _timed(pretrained.load_pretrained, flax_dir)
     rows.append(("import Flax safetensors -> params", seconds, ""))
     same = all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(hf_params), jax.tree.leaves(flax_params)))
     rows.append(("both imports bit-identical", float(same), ""))

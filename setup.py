@@ -21,7 +21,6 @@ INSTALL_REQUIRES = [
     "absl-py>=2.1,<3",
     "ml-collections>=1.0,<2",
     "numpy>=2.0,<3",
-    "scipy>=1.13,<2",  # its bundled OpenBLAS sgemm backs bert_jax.cpu_gemm (model.matmul) on XLA:CPU
     "safetensors>=0.4,<1",  # export to / import from HuggingFace and our own Flax export
 ]
 
@@ -55,8 +54,6 @@ setuptools.setup(
     long_description=open("README.md", encoding="utf-8").read() if __import__("os").path.exists("README.md") else "",
     long_description_content_type="text/markdown",
     packages=setuptools.find_packages(include=["bert_jax", "bert_jax.*", "configs"]),
-    # The XLA FFI custom call's source: bert_jax.cpu_gemm compiles it on first use.
-    package_data={"bert_jax": ["csrc/*.cc"]},
     python_requires=">=3.11",
     install_requires=INSTALL_REQUIRES,
     extras_require=EXTRAS_REQUIRE,

@@ -17,31 +17,22 @@ chips; v5p:4x4x4 is v5p-128, 64 chips; v5e:16x16 is v5litepod-256). One JAX devi
 (v4 and v5p run their two TensorCores as one megacore device).
 """
 
+import dataclasses
 import os
+import re
+import time
 
-# With libtpu installed JAX tries a TPU backend first; compiling for a topology needs only libtpu's compiler, and
-# this process runs everything else (tracing, shape inference) on the CPU. Must precede the first `import jax`.
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-# libtpu takes a one-process-per-host lock when it loads, meant for processes that drive TPU chips. A compile-only
-# process drives none, and must not fail because a training run or another compilation holds the lock.
-os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+from absl import app
+from absl import flags
+import jax
+from jax.sharding import NamedSharding, PartitionSpec
+from ml_collections import config_flags
+import numpy as np
 
-import dataclasses  # noqa: E402
-import re  # noqa: E402
-import time  # noqa: E402
-
-from absl import app  # noqa: E402
-from absl import flags  # noqa: E402
-import jax  # noqa: E402
-from jax.sharding import NamedSharding, PartitionSpec  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
-import numpy as np  # noqa: E402
-
-import bert_jax  # noqa: E402,F401  (sets XLA flags before JAX starts)
-from bert_jax import model as model_lib  # noqa: E402
-from bert_jax import optim  # noqa: E402
-from bert_jax import sharding as sharding_lib  # noqa: E402
-from bert_jax import train  # noqa: E402
+from bert_jax import model as model_lib
+from bert_jax import optim
+from bert_jax import sharding as sharding_lib
+from bert_jax import train
 
 GIB = 1 << 30
 # Nominal HBM per chip (GiB), for the "fits" verdict. The runtime keeps a little for itself, so treat a step within
@@ -331,6 +322,17 @@ def main(argv):
               "lower bound (grad_accum_steps > 1, scan_layers, or XLA's own loops such as collective matmuls)")
 
 
+def _set_compile_only_environment() -> None:
+    """Process-wide settings for a compile-only run, made before JAX starts its backends (not at import)."""
+    # With libtpu installed JAX tries a TPU backend first; compiling for a topology needs only libtpu's compiler, and
+    # this process runs everything else (tracing, shape inference) on the CPU.
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    # libtpu takes a one-process-per-host lock when it loads, meant for processes that drive TPU chips. A compile-only
+    # process drives none, and must not fail because a training run or another compilation holds the lock.
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+
+
 if __name__ == "__main__":
+    _set_compile_only_environment()
     _define_flags()
     app.run(main)

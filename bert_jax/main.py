@@ -13,7 +13,6 @@ from absl import logging
 import jax
 from ml_collections import config_flags
 
-import bert_jax  # noqa: F401  (sets XLA flags before JAX starts)
 from bert_jax import finetune
 from bert_jax import pretraining
 from bert_jax import sharding
@@ -90,8 +89,28 @@ def main(argv):
         logging.info("done: %s", {k: round(v, 4) for k, v in results.items()})
 
 
+# XLA:CPU options, set by run() before JAX starts its backend (it reads XLA_FLAGS then, not at import). Other
+# backends ignore them. launch/local.sh, tests/conftest.py and bert_jax.benchmarks.step set the same ones.
+CPU_XLA_FLAGS = (
+    # YNNPACK fusions for reductions only: its dot fusions returned NaN for a dot with a constant operand fused into
+    # a reduction (jaxlib 0.10.2), and without "reduce" XLA:CPU emits each reduction as a much slower loop.
+    ("xla_cpu_experimental_ynn_fusion_type", "reduce"),
+    # Dots through oneDNN instead of Eigen: faster on CPU, fp32 results within the parity tests' tolerances.
+    ("xla_cpu_use_onednn", "true"),
+    ("xla_cpu_experimental_onednn_fusion_type", "individual_dot"),
+)
+
+
+def with_cpu_xla_flags(xla_flags: str) -> str:
+    """`xla_flags` plus each of CPU_XLA_FLAGS it does not name, so `XLA_FLAGS=--NAME=VALUE` overrides any of them."""
+    named = {word.lstrip("-").split("=", 1)[0] for word in xla_flags.split()}
+    added = [f"--{name}={value}" for name, value in CPU_XLA_FLAGS if name not in named]
+    return " ".join([*xla_flags.split(), *added])
+
+
 def run():
     """Console-script entry point (`bert-jax`)."""
+    os.environ["XLA_FLAGS"] = with_cpu_xla_flags(os.environ.get("XLA_FLAGS", ""))
     app.run(main)
 
 

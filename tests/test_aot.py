@@ -18,6 +18,9 @@ from bert_jax import model as model_lib
 from configs import pretrain
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# What `python -m bert_jax.aot` sets before JAX starts (aot._set_compile_only_environment): the tests compile in
+# this process, beside other test processes that may load libtpu too.
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 TOPOLOGY = "v5e:2x2"  # 4 chips, one host: the smallest slice that holds an fsdp x tensor = 2 x 2 mesh
 
 

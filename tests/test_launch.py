@@ -462,16 +462,35 @@ def test_slurm_bad_options(tmp_path, fake_bin, args, flag):
 # --- launch/local.sh ----------------------------------------------------------------------------------------
 
 def test_local_dry_run_fake_devices(tmp_path, fake_bin):
+    from bert_jax import main as driver  # pylint: disable=import-outside-toplevel
     args = ["--config=configs/pretrain.py:size=tiny", "--config.mesh.fsdp=2", "--workdir=/tmp/bert jax"]
     result = _run("local.sh", "--dry-run", "--fake-devices", "8", *args, env=_env(tmp_path, fake_bin), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
+    cpu_flags = driver.with_cpu_xla_flags("")  # the driver's XLA:CPU options, shown by the launcher too
     assert shlex.split(result.stdout) == ["env", "JAX_PLATFORMS=cpu",
-                                          "XLA_FLAGS= --xla_force_host_platform_device_count=8",
+                                          f"XLA_FLAGS={cpu_flags} --xla_force_host_platform_device_count=8",
                                           "python", "-m", "bert_jax.main", *args]
     assert not (tmp_path / "argv.txt").exists(), "a dry run runs nothing"
 
     plain = _run("local.sh", "--dry-run", *args, env=_env(tmp_path, fake_bin), cwd=tmp_path)
-    assert shlex.split(plain.stdout) == ["python", "-m", "bert_jax.main", *args]
+    assert shlex.split(plain.stdout) == ["env", f"XLA_FLAGS={cpu_flags}", "python", "-m", "bert_jax.main", *args]
+    # The user's XLA_FLAGS win: a flag it names (with a value, or an empty one) is not added again.
+    user = "--xla_cpu_use_onednn=false --xla_cpu_experimental_ynn_fusion_type="
+    mine = _run("local.sh", "--dry-run", *args, env=_env(tmp_path, fake_bin, XLA_FLAGS=user), cwd=tmp_path)
+    assert shlex.split(mine.stdout)[1] == f"XLA_FLAGS={driver.with_cpu_xla_flags(user)}"
+    assert driver.with_cpu_xla_flags(user) == f"{user} --xla_cpu_experimental_onednn_fusion_type=individual_dot"
+
+
+def test_local_tuned_malloc_sets_glibc_tunables_and_the_users_come_last(tmp_path, fake_bin):
+    tuned = "glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=2147483647"
+    result = _run("local.sh", "--dry-run", "--tuned-malloc", "--workdir=/w", env=_env(tmp_path, fake_bin), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert f"GLIBC_TUNABLES={tuned}" in shlex.split(result.stdout)
+    mine = _run("local.sh", "--dry-run", "--tuned-malloc", "--workdir=/w", cwd=tmp_path,
+                env=_env(tmp_path, fake_bin, GLIBC_TUNABLES="glibc.malloc.mmap_max=65536"))
+    assert f"GLIBC_TUNABLES={tuned}:glibc.malloc.mmap_max=65536" in shlex.split(mine.stdout)
+    plain = _run("local.sh", "--dry-run", "--workdir=/w", env=_env(tmp_path, fake_bin), cwd=tmp_path)
+    assert "GLIBC_TUNABLES" not in plain.stdout  # off by default
 
 
 def test_local_runs_driver(tmp_path, fake_bin):

@@ -3,10 +3,9 @@
 MFU against a measured matmul ceiling mixes two losses: the matmuls of the step running slower than the square
 ceiling matmul (their shapes are smaller, thinner, or transposed), and time spent outside matmuls (elementwise work,
 reductions, the optimizer). This module separates them. It walks the jaxpr of a function (into jit, scan with its
-trip count, remat, custom-derivative calls and cond branches), collects every `dot_general` and every BLAS sgemm
-custom call (bert_jax.cpu_gemm), groups identical ones, and times each group's product alone on one device,
-as its own jitted function (a short one many times in one compiled loop), on random operands of the same shapes
-and dtypes:
+trip count, remat, custom-derivative calls and cond branches), collects every `dot_general`, groups identical
+ones, and times each group's product alone on one device, as its own jitted function (a short one many times in one
+compiled loop), on random operands of the same shapes and dtypes:
 
     bound = sum over groups of (count x time alone, the fastest of three rounds' medians)
 
@@ -27,8 +26,6 @@ import jax.numpy as jnp
 from jax import lax
 from jax.extend import core as jax_core
 
-from bert_jax import cpu_gemm
-
 # Each timed call runs a matmul `inner` times in one compiled loop, enough for about _CALL_SECONDS at the expected
 # rate (the measured ceiling where the caller knows it), so that dispatch from Python is a small part of the time
 # even for a matmul of microseconds; each round times about _ROUND_SECONDS of calls and keeps their median.
@@ -41,24 +38,18 @@ _MIN_CALLS, _MAX_CALLS = 5, 50
 
 @dataclasses.dataclass(frozen=True)
 class Matmul:
-    """One distinct product: `kind` "dot_general" (XLA's dot) or "sgemm" (bert_jax.cpu_gemm's custom call)."""
+    """One distinct `dot_general` product: its operands' shapes and dtypes, and its parameters."""
 
-    kind: str
     lhs_shape: tuple
     lhs_dtype: str
     rhs_shape: tuple
     rhs_dtype: str
-    # dot_general: (dimension_numbers, preferred_element_type name or None); sgemm: (trans_a, trans_b).
+    # (dimension_numbers, preferred_element_type name or None)
     params: tuple
 
     @property
     def flops(self) -> int:
         """2 x output elements x contraction size."""
-        if self.kind == "sgemm":
-            trans_a, trans_b = self.params
-            rows, inner = self.lhs_shape[-2:][::-1] if trans_a else self.lhs_shape[-2:]
-            cols = self.rhs_shape[-2] if trans_b else self.rhs_shape[-1]
-            return 2 * math.prod(self.lhs_shape[:-2]) * rows * inner * cols
         ((lhs_contract, rhs_contract), (lhs_batch, rhs_batch)), _ = self.params
         batch = math.prod(self.lhs_shape[axis] for axis in lhs_batch)
         contract = math.prod(self.lhs_shape[axis] for axis in lhs_contract)
@@ -69,10 +60,6 @@ class Matmul:
         return 2 * batch * lhs_free * rhs_free * contract
 
     def describe(self) -> str:
-        if self.kind == "sgemm":
-            trans_a, trans_b = self.params
-            return (f"sgemm {'T' if trans_a else 'N'}{'T' if trans_b else 'N'} "
-                    f"{list(self.lhs_shape)} x {list(self.rhs_shape)}")
         ((lhs_contract, rhs_contract), (lhs_batch, rhs_batch)), _ = self.params
         batch = f", batch {list(lhs_batch)}/{list(rhs_batch)}" if lhs_batch else ""
         return (f"dot {self.lhs_dtype}{list(self.lhs_shape)} x {self.rhs_dtype}{list(self.rhs_shape)}, "
@@ -80,32 +67,18 @@ class Matmul:
 
     def function(self):
         """The product alone, as a jittable function of (lhs, rhs)."""
-        if self.kind == "sgemm":
-            reason = cpu_gemm.unavailable_reason()  # loads and registers the custom call
-            if reason:
-                raise RuntimeError(f"the step calls the BLAS sgemm, which cannot run here: {reason}")
-            trans_a, trans_b = self.params
-            return lambda lhs, rhs: cpu_gemm.sgemm(lhs, rhs, trans_a, trans_b)
         dimension_numbers, preferred = self.params
         preferred = None if preferred is None else jnp.dtype(preferred)
         return lambda lhs, rhs: lax.dot_general(lhs, rhs, dimension_numbers, preferred_element_type=preferred)
 
 
 def _matmul_of(eqn) -> Matmul | None:
-    name = eqn.primitive.name
-    if name == "dot_general":
-        lhs, rhs = (var.aval for var in eqn.invars)
-        preferred = eqn.params.get("preferred_element_type")
-        return Matmul("dot_general", tuple(lhs.shape), jnp.dtype(lhs.dtype).name, tuple(rhs.shape),
-                      jnp.dtype(rhs.dtype).name,
-                      (eqn.params["dimension_numbers"],
-                       None if preferred is None else jnp.dtype(preferred).name))
-    if name == "ffi_call" and eqn.params.get("target_name") == cpu_gemm.TARGET_NAME:
-        lhs, rhs = (var.aval for var in eqn.invars)
-        attributes = dict(eqn.params.get("attributes") or ())
-        return Matmul("sgemm", tuple(lhs.shape), jnp.dtype(lhs.dtype).name, tuple(rhs.shape),
-                      jnp.dtype(rhs.dtype).name, (bool(attributes["trans_a"]), bool(attributes["trans_b"])))
-    return None
+    if eqn.primitive.name != "dot_general":
+        return None
+    lhs, rhs = (var.aval for var in eqn.invars)
+    preferred = eqn.params.get("preferred_element_type")
+    return Matmul(tuple(lhs.shape), jnp.dtype(lhs.dtype).name, tuple(rhs.shape), jnp.dtype(rhs.dtype).name,
+                  (eqn.params["dimension_numbers"], None if preferred is None else jnp.dtype(preferred).name))
 
 
 def _sub_jaxprs(eqn):

@@ -7,14 +7,13 @@ The ceiling is measured before the steps and again after them, and MFU is taken 
 moment's slowdown of a shared host during one measurement cannot overstate the MFU.
 Batches are synthetic and already on device, so the figure is the step alone.
 
-On CPU it also times HuggingFace transformers' `BertForPreTraining` (PyTorch) with the same architecture, the same
-batch and the same number of threads, over a full training step (forward, MLM + NSP loss, backward, clipping, AdamW),
+On CPU it also times HuggingFace transformers' `BertForPreTraining` (PyTorch, bert_jax.benchmarks.torch_reference)
 in two forms: stock (MLM logits for every position, loss on the masked ones) and with the head applied to the
 gathered masked positions only, as bert_jax does. TensorFlow is never imported; torch is optional.
+Run as a program, it sets the driver's XLA:CPU options (see DRIVER_XLA_FLAGS) before JAX starts.
 """
 
 import functools
-import importlib.util
 import os
 import resource
 import statistics
@@ -28,14 +27,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bert_jax import cpu_gemm
-from bert_jax import host_malloc
-from bert_jax.benchmarks import matmul_bound as matmul_bound_lib
 from bert_jax import metrics as metrics_lib
 from bert_jax import model as model_lib
 from bert_jax import optim
 from bert_jax import sharding as sharding_lib
 from bert_jax import train
+from bert_jax.benchmarks import matmul_bound as matmul_bound_lib
+from bert_jax.benchmarks import torch_reference
 from configs import pretrain
 
 flags.DEFINE_list("size", ["base"], "Presets to measure (tiny, mini, small, medium, base, large).")
@@ -45,8 +43,6 @@ flags.DEFINE_integer("max_predictions", 0, "Masked positions per sequence; 0 mea
 flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Compute dtype (parameters stay float32).")
 flags.DEFINE_integer("steps", 10, "Timed steps; the median is reported.")
 flags.DEFINE_integer("warmup", 2, "Untimed steps after compilation (plus one untimed first execution).")
-flags.DEFINE_enum("matmul", "auto", ["auto", "xla", "blas"], "The preset's model.matmul: XLA's dots, the BLAS "
-                  "custom call (bert_jax.cpu_gemm, XLA:CPU float32) or auto (the BLAS call where it can run).")
 flags.DEFINE_integer("matmul_size", 0, "Square matmul size for the ceiling; 0 picks 2048 on CPU, 8192 elsewhere.")
 flags.DEFINE_boolean("compare_torch", None, "Also time HuggingFace BertForPreTraining (PyTorch). Default: on when "
                      "the platform is CPU and torch + transformers import, off otherwise.")
@@ -63,6 +59,10 @@ STEP_COLUMNS = ("preset", "seq", "batch", "dtype", "compile s", "step s", "seq/s
 TORCH_COLUMNS = ("preset", "threads", "jax s", "torch stock s", "torch gathered s", "x stock", "x gathered",
                  "jax loss", "torch loss")
 MASK_ID = 103  # [MASK] in the BERT uncased vocabulary
+# The driver's XLA:CPU options (bert_jax.main.CPU_XLA_FLAGS, which the benchmark's test compares with these), so the
+# step timed is the driver's. Not imported from there: bert_jax.main defines the driver's required absl flags.
+DRIVER_XLA_FLAGS = ("--xla_cpu_experimental_ynn_fusion_type=reduce", "--xla_cpu_use_onednn=true",
+                    "--xla_cpu_experimental_onednn_fusion_type=individual_dot")
 
 
 def schedulable_cores() -> int:
@@ -90,14 +90,20 @@ def peak_rss_bytes() -> int:
     return peak if sys.platform == "darwin" else peak * 1024
 
 
-def matmul_ceiling(size: int, dtype, repeats: int = 10, blas: bool = False) -> float:
-    """Measured FLOP/s of one square matmul on the first device: the practical ceiling for this dtype.
+def with_driver_xla_flags(xla_flags: str) -> str:
+    """`xla_flags` plus each of DRIVER_XLA_FLAGS it does not name (bert_jax.main.with_cpu_xla_flags' rule)."""
+    named = {word.lstrip("-").split("=", 1)[0] for word in xla_flags.split()}
+    return " ".join([*xla_flags.split(), *(flag for flag in DRIVER_XLA_FLAGS
+                                           if flag.lstrip("-").split("=", 1)[0] not in named)])
 
-    XLA's dot, or with `blas` the BLAS sgemm custom call (bert_jax.cpu_gemm); timed as bert_jax.benchmarks.matmul_bound times
-    the step's own matmuls (operands on the device, compiled once, the median of `repeats` calls)."""
+
+def matmul_ceiling(size: int, dtype, repeats: int = 10) -> float:
+    """Measured FLOP/s of one square matmul (XLA's dot) on the first device: the practical ceiling for this dtype.
+
+    Timed as bert_jax.benchmarks.matmul_bound times the step's own matmuls (operands on the device, compiled once,
+    the median of `repeats` calls)."""
     name = jnp.dtype(dtype).name
-    square = matmul_bound_lib.Matmul("sgemm" if blas else "dot_general", (size, size), name, (size, size), name,
-                                     (False, False) if blas else ((((1,), (0,)), ((), ())), None))
+    square = matmul_bound_lib.Matmul((size, size), name, (size, size), name, ((((1,), (0,)), ((), ())), None))
     return square.flops / matmul_bound_lib.median_seconds(matmul_bound_lib.alone(square), repeats)
 
 
@@ -135,11 +141,9 @@ def synthetic_batch(batch_size: int, seq_length: int, max_predictions: int, voca
     }
 
 
-def _preset(size: str, seq_length: int, max_predictions: int, dtype: str, batch_size: int, num_steps: int,
-            matmul: str = "auto"):
+def _preset(size: str, seq_length: int, max_predictions: int, dtype: str, batch_size: int, num_steps: int):
     config = pretrain.get_config(f"size={size}")
     config.model.dtype = dtype
-    config.model.matmul = matmul
     config.data.max_seq_length = seq_length
     config.data.max_predictions_per_seq = max_predictions
     config.train.batch_size = batch_size
@@ -163,7 +167,7 @@ def _memory_stats(compiled, device) -> dict[str, float]:
 
 
 def benchmark_step(size: str, seq_length: int, batch_size: int, max_predictions: int, dtype: str, steps: int,
-                   warmup: int, devices=None, matmul: str = "auto", matmuls: bool = False,
+                   warmup: int, devices=None, matmuls: bool = False,
                    matmul_flops_per_s: float = matmul_bound_lib.DEFAULT_FLOPS_PER_S) -> dict:
     """Compile time and median wall time of the real sharded train step (data parallel over `devices`, default all).
 
@@ -179,7 +183,7 @@ def benchmark_step(size: str, seq_length: int, batch_size: int, max_predictions:
     if batch_size % len(devices):
         raise ValueError(f"--batch_size={batch_size} must be a multiple of the {len(devices)} devices "
                          "(the benchmark shards the batch over all of them)")
-    config = _preset(size, seq_length, max_predictions, dtype, batch_size, steps + warmup + 1, matmul)
+    config = _preset(size, seq_length, max_predictions, dtype, batch_size, steps + warmup + 1)
     model_config = model_lib.BertConfig.from_config(config.model)
     model = model_lib.BertForPreTraining(model_config)
     mesh = sharding_lib.create_mesh(config.mesh, devices)
@@ -229,101 +233,6 @@ def benchmark_step(size: str, seq_length: int, batch_size: int, max_predictions:
             "batch": batch, "model_config": model_config, "matmuls": bound, "matmuls_skipped": skipped, **memory}
 
 
-def torch_available() -> str:
-    """'' when torch and transformers are installed, else the reason (with the install hint).
-
-    Only looked up, not imported: importing torch starts its OpenMP thread pool, which competes with XLA's for the
-    same cores and made the JAX step measured afterwards 1.7x slower (6.79 s instead of 4.02 s for base here).
-    """
-    missing = [name for name in ("torch", "transformers") if importlib.util.find_spec(name) is None]
-    if missing:
-        return (f"{' and '.join(missing)} not installed; install them with `pip install torch==2.13.0 "
-                "'transformers>=5,<6'` (or `pip install -e .[test]`)")
-    return ""
-
-
-def benchmark_torch_step(model_config: model_lib.BertConfig, batch: dict[str, np.ndarray], steps: int, warmup: int,
-                         threads: int, gathered_head: bool, learning_rate: float = 1e-4) -> dict:
-    """Median wall time of a HuggingFace BertForPreTraining training step on CPU, on the same batch.
-
-    One step: forward in train mode (dropout on), MLM cross-entropy over the masked positions + NSP, backward,
-    global-norm clipping to 1.0 and torch.optim.AdamW (weight decay 0.01, none on biases and LayerNorm), as our step.
-    gathered_head=False is HuggingFace's standard path (MLM logits at every position, labels -100 except the masked
-    ones); True runs `model.bert`, gathers the masked positions and applies `model.cls` to those vectors only.
-    """
-    import torch
-    import transformers
-
-    previous_threads = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    torch.manual_seed(0)
-    try:
-        hf_config = transformers.BertConfig(
-            vocab_size=model_config.vocab_size, hidden_size=model_config.hidden_size,
-            num_hidden_layers=model_config.num_layers, num_attention_heads=model_config.num_heads,
-            intermediate_size=model_config.intermediate_size,
-            # gelu_new is the tanh approximation: our gelu_tanh. "gelu" is the exact erf form in both.
-            hidden_act="gelu_new" if model_config.hidden_act == "gelu_tanh" else "gelu",
-            max_position_embeddings=model_config.max_position_embeddings,
-            type_vocab_size=model_config.type_vocab_size, hidden_dropout_prob=model_config.dropout_rate,
-            attention_probs_dropout_prob=model_config.attention_dropout_rate,
-            initializer_range=model_config.initializer_range, layer_norm_eps=model_config.layer_norm_eps)
-        model = transformers.BertForPreTraining(hf_config).to(torch.float32).train()
-        no_decay = [p for n, p in model.named_parameters() if n.endswith("bias") or "LayerNorm" in n]
-        decay = [p for n, p in model.named_parameters() if not (n.endswith("bias") or "LayerNorm" in n)]
-        optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01},
-                                       {"params": no_decay, "weight_decay": 0.0}],
-                                      lr=learning_rate, betas=(0.9, 0.999), eps=1e-6)
-
-        input_ids = torch.as_tensor(batch["input_ids"], dtype=torch.long)
-        attention_mask = torch.as_tensor(batch["input_mask"], dtype=torch.long)
-        token_type_ids = torch.as_tensor(batch["segment_ids"], dtype=torch.long)
-        positions = torch.as_tensor(batch["masked_lm_positions"], dtype=torch.long)
-        masked_lm_ids = torch.as_tensor(batch["masked_lm_ids"], dtype=torch.long)
-        weights = torch.as_tensor(batch["masked_lm_weights"], dtype=torch.float32)
-        nsp_labels = torch.as_tensor(batch["next_sentence_labels"], dtype=torch.long)
-        labels = torch.full_like(input_ids, -100)
-        labels.scatter_(1, positions, torch.where(weights > 0, masked_lm_ids, -100))
-        autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=model_config.dtype == "bfloat16")
-
-        def loss_fn():
-            if not gathered_head:
-                return model(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
-                             labels=labels, next_sentence_label=nsp_labels).loss
-            sequence_output, pooled_output = model.bert(input_ids=input_ids, attention_mask=attention_mask,
-                                                        token_type_ids=token_type_ids, return_dict=False)[:2]
-            index = positions[..., None].expand(-1, -1, sequence_output.shape[-1])
-            mlm_logits, nsp_logits = model.cls(torch.gather(sequence_output, 1, index), pooled_output)
-            xent = torch.nn.functional.cross_entropy(mlm_logits.float().flatten(0, 1), masked_lm_ids.flatten(),
-                                                     reduction="none")
-            mlm_loss = torch.sum(weights.flatten() * xent) / (weights.sum() + 1e-5)
-            return mlm_loss + torch.nn.functional.cross_entropy(nsp_logits.float(), nsp_labels)
-
-        def step():
-            with autocast:
-                loss = loss_fn()
-            loss.backward()
-            loss = loss.detach()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            return loss.item()
-
-        first_loss = step()
-        for _ in range(warmup):
-            step()
-        times, losses = [], []
-        for _ in range(steps):
-            start = time.perf_counter()
-            losses.append(step())
-            times.append(time.perf_counter() - start)
-        return {"step_s": statistics.median(times), "step_times": times, "loss": first_loss, "last_loss": losses[-1],
-                "threads": torch.get_num_threads(), "attention": model.config._attn_implementation or "default",
-                "torch_version": torch.__version__, "transformers_version": transformers.__version__}
-    finally:
-        torch.set_num_threads(previous_threads)
-
-
 def spread(name: str, times) -> str:
     """One line with the fastest, median and slowest of a run's timed steps: how noisy the host was."""
     return (f"{name}: step s min {min(times):.4f} / median {statistics.median(times):.4f} / max {max(times):.4f} "
@@ -358,8 +267,9 @@ def add_matmul_bound_fields(result: dict, ceiling: float) -> None:
 
 
 def matmul_bound_lines(results, ceiling: float, shapes: bool = False) -> list[str]:
-    """The step's matmuls each timed alone (bert_jax.benchmarks.matmul_bound), per preset: their total time, its share of the
-    measured step, and the MFU the step would have if it took only that long (the most these kernels allow).
+    """The step's matmuls each timed alone (bert_jax.benchmarks.matmul_bound), per preset: their total time, its
+    share of the measured step, and the MFU the step would have if it took only that long (the most these kernels
+    allow).
 
     Reads result["matmul_s"] and result["mfu_matmul_bound"] (see `add_matmul_bound_fields`)."""
     lines = ["matmuls alone: every distinct matmul of the step compiled and timed on its own (short ones many times in "
@@ -398,7 +308,7 @@ def torch_table_row(result: dict) -> str:
 
 def run(sizes, seq_length: int, batch_size: int, max_predictions: int = 0, dtype: str = "float32", steps: int = 10,
         warmup: int = 2, matmul_size: int = 0, compare_torch: bool | None = None, threads: int = 0, devices=None,
-        print_fn: Callable[[str], None] = print, matmul: str = "auto", matmuls: str = "total") -> list[dict]:
+        print_fn: Callable[[str], None] = print, matmuls: str = "total") -> list[dict]:
     """Measures every preset in `sizes` and prints the tables; returns one result dict per preset.
 
     compare_torch=None means: on when the platform is CPU and torch + transformers import. threads (0: every core
@@ -415,7 +325,8 @@ def run(sizes, seq_length: int, batch_size: int, max_predictions: int = 0, dtype
     cores = schedulable_cores()
     threads = threads or cores
     # Only looked for where it could run: a JAX-only accelerator image need not have torch at all.
-    missing_torch = torch_available() if device.platform == "cpu" and compare_torch is not False else ""
+    missing_torch = (torch_reference.unavailable_reason() if device.platform == "cpu" and compare_torch is not False
+                     else "")
     if compare_torch is None:
         compare_torch = device.platform == "cpu" and not missing_torch
     elif compare_torch and missing_torch:
@@ -426,48 +337,28 @@ def run(sizes, seq_length: int, batch_size: int, max_predictions: int = 0, dtype
     matmul_size = matmul_size or (2048 if device.platform == "cpu" else 8192)
     # Fake CPU devices share the host's cores (and one thread pool), so the host's ceiling is not multiplied.
     parallel = 1 if device.platform == "cpu" else len(devices)
-    # Where the step may call the BLAS custom call, the ceiling is the faster of XLA's dot and the BLAS sgemm.
-    with_blas = (device.platform == "cpu" and dtype_name == "float32" and matmul != "xla"
-                 and cpu_gemm.unavailable_reason() is None)
-
-    def measure_ceiling() -> dict:
-        xla = matmul_ceiling(matmul_size, jnp.dtype(dtype)) * parallel
-        blas = matmul_ceiling(matmul_size, jnp.dtype(dtype), blas=True) if with_blas else 0.0
-        return {"xla": xla, "blas": blas, "best": max(xla, blas)}
 
     # Measured before and again after the steps; MFU is taken against the higher of the two. On a shared host a
     # moment's slowdown during one measurement would otherwise lower the ceiling and overstate the MFU.
-    before = measure_ceiling()
+    before = matmul_ceiling(matmul_size, jnp.dtype(dtype)) * parallel
     peak = metrics_lib.peak_flops_per_device(device) * len(devices)
     print_fn(f"devices: {len(devices)} x {device.device_kind} ({device.platform}), jax {jax.__version__}")
     if device.platform == "cpu":
         print_fn(f"CPU threads: JAX/XLA {cores} (its pool is sized by the cores this process may run on)"
                  + (f", torch {threads} (torch.set_num_threads)" if compare_torch else ""))
-        print_fn(f"XLA_FLAGS: {os.environ.get('XLA_FLAGS', '')} (bert_jax.CPU_XLA_FLAGS adds the oneDNN dots)")
-        applied, why = host_malloc.state
-        print_fn(f"host malloc ({host_malloc.ENV_VAR}): {'tuned' if applied else 'system'}, {why}; "
-                 "it holds for torch too, which runs in this process")
+        print_fn(f"XLA_FLAGS: {os.environ.get('XLA_FLAGS', '')}")
     results = []
     for size in sizes:
         results.append(benchmark_step(size, seq_length, batch_size, max_predictions, dtype_name, steps, warmup,
-                                      devices, matmul, matmuls != "off", before["best"] / parallel))
+                                      devices, matmuls != "off", before / parallel))
         # Printed as each preset finishes: the table waits for the second ceiling measurement, and a later preset
         # that fails (out of memory, say) must not take this one's figures with it.
         print_fn(spread(f"{size} (jax)", results[-1]["step_times"]))
-    after = measure_ceiling()
-    ceiling = max(before["best"], after["best"])
-
-    def describe(measured: dict) -> str:
-        if not with_blas:
-            return f"{measured['best'] / 1e12:.3f}"
-        return (f"{measured['best'] / 1e12:.3f} (XLA's dot {measured['xla'] / 1e12:.3f}, "
-                f"BLAS sgemm {measured['blas'] / 1e12:.3f})")
-
+    after = matmul_ceiling(matmul_size, jnp.dtype(dtype)) * parallel
+    ceiling = max(before, after)
     print_fn(f"measured {dtype_name} matmul ceiling ({matmul_size}^3{f', x{parallel} devices' if parallel > 1 else ''}"
-             f"): {ceiling / 1e12:.3f} TFLOP/s, the higher of a measurement before the steps, {describe(before)}, "
-             f"and one after them, {describe(after)}"
-             + (", each the faster of XLA's dot and the BLAS sgemm" if with_blas else "")
-             + f"; model.matmul={matmul}; nominal bf16 peak: "
+             f"): {ceiling / 1e12:.3f} TFLOP/s, the higher of a measurement before the steps, {before / 1e12:.3f}, "
+             f"and one after them, {after / 1e12:.3f}; nominal bf16 peak: "
              + (f"{peak / 1e12:.0f} TFLOP/s" if peak else "unknown for this device (MFU peak: n/a)"))
     print_fn(f"model FLOPs: 6*N*T + 12*L*d*T^2 + MLM head at {max_predictions} masked positions (+ pooler/NSP), "
              "N = encoder matmul parameters, every token through every layer; MFU ceil = model FLOP/s / measured "
@@ -477,8 +368,8 @@ def run(sizes, seq_length: int, batch_size: int, max_predictions: int = 0, dtype
     print_fn(_row(STEP_COLUMNS, _widths(STEP_COLUMNS)))
     for result in results:
         result["ceiling_flops_per_s"] = ceiling
-        result["ceiling_before_flops_per_s"] = before["best"]
-        result["ceiling_after_flops_per_s"] = after["best"]
+        result["ceiling_before_flops_per_s"] = before
+        result["ceiling_after_flops_per_s"] = after
         result["mfu_ceiling"] = result["model_flops_per_s"] / ceiling
         result["mfu_peak"] = result["model_flops_per_s"] / peak if peak else None
         add_matmul_bound_fields(result, ceiling)
@@ -495,8 +386,8 @@ def run(sizes, seq_length: int, batch_size: int, max_predictions: int = 0, dtype
         return results
     # After every JAX measurement, so torch's threads never compete with XLA's.
     for result in results:
-        stock = benchmark_torch_step(result["model_config"], result["batch"], steps, warmup, threads, False)
-        gathered = benchmark_torch_step(result["model_config"], result["batch"], steps, warmup, threads, True)
+        stock = torch_reference.benchmark_step(result["model_config"], result["batch"], steps, warmup, threads, False)
+        gathered = torch_reference.benchmark_step(result["model_config"], result["batch"], steps, warmup, threads, True)
         result.update(torch_stock_s=stock["step_s"], torch_gathered_s=gathered["step_s"],
                       torch_stock_step_times=stock["step_times"], torch_gathered_step_times=gathered["step_times"],
                       torch_loss=gathered["loss"], torch_threads=stock["threads"],
@@ -523,14 +414,15 @@ def run(sizes, seq_length: int, batch_size: int, max_predictions: int = 0, dtype
 
 def main(argv):
     del argv
-    # Before anything starts JAX's backend: its CPU thread pool is sized by the affinity mask at start-up.
+    # Before anything starts JAX's backend: it reads XLA_FLAGS, and sizes its CPU thread pool by the affinity mask.
+    os.environ["XLA_FLAGS"] = with_driver_xla_flags(os.environ.get("XLA_FLAGS", ""))
     try:
         pin_to_cores(FLAGS.threads)
     except ValueError as error:
         raise app.UsageError(str(error)) from error
     run(FLAGS.size, FLAGS.seq_length, FLAGS.batch_size, FLAGS.max_predictions, FLAGS.dtype, FLAGS.steps,
         FLAGS.warmup, FLAGS.matmul_size, FLAGS.compare_torch, FLAGS.threads, print_fn=lambda line: print(
-            line, flush=True), matmul=FLAGS.matmul, matmuls=FLAGS.matmuls)
+            line, flush=True), matmuls=FLAGS.matmuls)
 
 
 if __name__ == "__main__":

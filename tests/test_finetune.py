@@ -17,13 +17,13 @@ from bert_jax import checkpoint as checkpoint_lib
 from bert_jax import finetune
 from bert_jax import model as model_lib
 from bert_jax import optim
-from bert_jax import pretraining
 from bert_jax import sharding as sharding_lib
 from bert_jax import train
 from bert_jax.data import finetune_data
 from bert_jax.data import tokenization
 from configs import finetune as finetune_configs
 from tests import helpers
+from tests._session import small_records, trained_run  # noqa: F401  (session fixtures)
 
 FILLER = ("the a movie film plot actor scene story was is very quite really and but this that with music ending "
           "cast director script it felt looked seemed to me of").split()
@@ -80,16 +80,16 @@ def _config(task, mesh_shape=(-1, 1, 1), **model_overrides):
 
 def test_finetuning_learns_a_keyword_task_sharded_over_a_2x2x2_mesh(task, tmp_path):
     config = _config(task, mesh_shape=(2, 2, 2), dropout_rate=0.0, attention_dropout_rate=0.0)
-    config.optim.learning_rate = 1e-3
-    config.train.num_steps = 90
-    config.train.log_every = 30
-    config.train.eval_every = 45
+    config.optim.learning_rate = 3e-3
+    config.train.num_steps = 30
+    config.train.log_every = 10
+    config.train.eval_every = 15
     workdir = str(tmp_path / "work")
     final = finetune.finetune(config, workdir)
-    assert final["step"] == 90
+    assert final["step"] == 30
     assert final["eval_accuracy"] >= 0.9, final  # chance is 0.5 on 200 held-out reviews
     lines = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8")]
-    assert [line["step"] for line in lines] == [30, 45, 60, 90]
+    assert [line["step"] for line in lines] == [10, 15, 20, 30]
     assert ["eval_accuracy" in line for line in lines] == [False, True, False, True]
     assert lines[-1]["loss"] < 0.5 * lines[0]["loss"], lines
     assert os.listdir(os.path.join(workdir, "tensorboard"))
@@ -175,22 +175,20 @@ def test_labels_map_to_ids_in_a_stable_documented_order(task):
 
 
 @pytest.fixture(scope="module")
-def pretrained(tmp_path_factory):
-    """A 2-step tiny pretraining run's checkpoint and its parameters, read back as pretraining parameters."""
-    workdir = str(tmp_path_factory.mktemp("pretrain"))
-    config = helpers.tiny_config((-1, 1, 1), num_steps=2, log_every=1)
-    config.checkpoint.async_save = False
-    pretraining.train_and_evaluate(config, workdir)
+def pretrained(trained_run):
+    """tests/_session.py's tiny pretraining run (4 steps on a 2x2x2 mesh): its checkpoints directory, and its
+    parameters read back as pretraining parameters on one device."""
+    config = trained_run["config"]()
+    path = os.path.join(trained_run["workdir"], "checkpoints")
     model = model_lib.BertForPreTraining(model_lib.BertConfig.from_config(config.model))
-    tx, _ = optim.create_optimizer(config.optim, 2)
-    config.mesh.data = 1
+    tx, _ = optim.create_optimizer(config.optim, config.train.num_steps)
+    config.mesh.data, config.mesh.fsdp, config.mesh.tensor = 1, 1, 1
     mesh = sharding_lib.create_mesh(config.mesh, jax.devices()[:1])
     rules = sharding_lib.logical_rules(config.mesh)
     with jax.set_mesh(mesh):
         abstract, shardings, _ = train.abstract_train_state(model, tx, mesh, rules, 32, 5)
-        params, _ = checkpoint_lib.restore_params(os.path.join(workdir, "checkpoints"), abstract.params,
-                                                  shardings.params)
-    return {"path": os.path.join(workdir, "checkpoints"), "params": jax.device_get(params), "config": config}
+        params, _ = checkpoint_lib.restore_params(path, abstract.params, shardings.params)
+    return {"path": path, "params": jax.device_get(params), "config": config}
 
 
 def _from_pretrained(task, pretrained, mesh_shape=(-1, 1, 1)):
@@ -224,7 +222,7 @@ def test_init_from_a_pretraining_checkpoint_loads_the_encoder_exactly(task, pret
     config.model.intermediate_size = 256  # not the checkpoint's architecture: named before anything is read
     model = model_lib.BertForSequenceClassification(finetune.resolve_model(config).model_config, 3)
     with jax.set_mesh(mesh), pytest.raises(ValueError, match=r"layer_0.intermediate.bias has shape \(512,\) in "
-                                                             r".*checkpoints/2 but \(256,\).*config.model"):
+                                                             r".*checkpoints/4 but \(256,\).*config.model"):
         finetune.load_params(config, model, source, mesh, rules, jax.random.key(7))
 
 
@@ -234,8 +232,8 @@ def test_init_from_a_foreign_checkpoint_takes_its_architecture_and_weights(task,
     foreign = model_lib.BertConfig(vocab_size=256, hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128,
                                    max_position_embeddings=32, dropout_rate=0.3)
     ids = np.zeros((1, 8), np.int32)
-    weights = jax.tree.map(np.asarray, nn.meta.unbox(model_lib.BertForPreTraining(foreign).init(
-        jax.random.key(3), ids, ids, ids, np.zeros((1, 1), np.int32)))["params"])
+    weights = jax.tree.map(np.asarray, nn.meta.unbox(jax.jit(model_lib.BertForPreTraining(foreign).init)(
+        jax.random.key(3), ids, ids, ids, np.zeros((1, 1), np.int32)))["params"])  # jitted: one compilation
     served = {"params": weights}
     fake = types.ModuleType("bert_jax.pretrained")
     fake.load_pretrained = lambda path: (foreign, served["params"], f"fake import of {path}")
@@ -296,7 +294,8 @@ def test_cls_features_equal_the_model_output_in_input_order(task, pretrained, tm
     encoded = finetune_data.encode_examples(tokenizer, finetune_data.Examples([texts], None, "<test>"), 16)
     model = model_lib.BertModel(finetune.resolve_model(config).model_config)
     params = {name: value for name, value in pretrained["params"].items() if model_lib.is_encoder_parameter(name)}
-    direct = model.apply({"params": params}, encoded["input_ids"], encoded["input_mask"], encoded["segment_ids"])
+    direct = jax.jit(model.apply)({"params": params}, encoded["input_ids"], encoded["input_mask"],
+                                  encoded["segment_ids"])  # jitted: one compilation, not one per operation
     np.testing.assert_allclose(features, np.asarray(direct["sequence_output"][:, 0]), rtol=1e-5, atol=1e-5)
     assert len({row.tobytes() for row in features}) == 11  # every row a different text: none duplicated or dropped
 
@@ -304,12 +303,11 @@ def test_cls_features_equal_the_model_output_in_input_order(task, pretrained, tm
 def test_mean_pooling_ignores_padding_and_last4_concatenates_layers(task, pretrained, tmp_path):
     config = _from_pretrained(task, pretrained)
     short, long = "the plot was great", " ".join(FILLER[:20])
-    alone = _features(config, [short], tmp_path / "alone", pooling="mean")
+    # The short text alone in a batch with 34 padding positions, and beside a long text with 10.
+    alone = _features(config, [short], tmp_path / "alone", pooling="mean", seq_length=40)
     together = _features(config, [long, short, short], tmp_path / "together", pooling="mean")
-    wider = _features(config, [short], tmp_path / "wider", pooling="mean", seq_length=40)
     assert alone.shape == (1, 128)
     np.testing.assert_allclose(together[1:], np.repeat(alone, 2, 0), rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(wider, alone, rtol=1e-5, atol=1e-5)  # 34 padding positions instead of 10
     assert not np.allclose(together[0], alone[0], atol=1e-3)
 
     with pytest.raises(ValueError, match=r"features.pooling='last4' needs at least 4 layers.*has 2"):
@@ -423,12 +421,13 @@ def test_mean_features_of_all_minilm_l6_v2_equal_sentence_transformers_recipe(tm
     config.mesh.data, config.mesh.fsdp, config.mesh.tensor = 2, 2, 2
     config.init = model_dir
     config.data.vocab_file = os.path.join(model_dir, "vocab.txt")
-    features = _features(config, texts, tmp_path / "minilm", pooling="mean", seq_length=32)
+    features = _features(config, texts, tmp_path / "minilm", pooling="mean", seq_length=16)
     assert features.shape == (3, 384)
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
     model = transformers.AutoModel.from_pretrained(model_dir).eval()
-    inputs = tokenizer(texts, padding="max_length", max_length=32, truncation=True, return_tensors="pt")
+    inputs = tokenizer(texts, padding="max_length", max_length=16, truncation=True, return_tensors="pt")
+    assert int(inputs["attention_mask"].sum(1).max()) < 16  # no text cut short
     with torch.no_grad():
         hidden = model(**inputs).last_hidden_state
     mask = inputs["attention_mask"].unsqueeze(-1).float()

@@ -1,4 +1,5 @@
-"""The driver, end to end in a subprocess, as a user runs it."""
+"""The driver: end to end as a user runs it (one subprocess, the README's quick start), and its modes, flags and
+errors through its main() in this process."""
 
 import json
 import logging
@@ -7,9 +8,13 @@ import shutil
 import subprocess
 import sys
 
+from absl import app
+import numpy as np
 import pytest
 
 from tests import helpers
+
+PRETRAIN = f"{helpers.ROOT}/configs/pretrain.py"
 
 # Small enough to compile and run in seconds on 2 cores, sharded 2 x 2 x 2 over 8 fake CPU devices.
 COMMON = ["--config.train.batch_size=8", "--config.mesh.fsdp=2", "--config.mesh.tensor=2",
@@ -25,134 +30,6 @@ def _run(args, tmp_path, program=(sys.executable, "-m", "bert_jax.main")):
 
 def _metrics(tmp_path):
     return [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-
-
-@pytest.mark.slow
-def test_driver_trains_on_synthetic_data(tmp_path):
-    result = _run(["--config=configs/pretrain.py:size=tiny,data=synthetic", "--config.train.num_steps=6",
-                   "--config.train.log_every=3", *COMMON], tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "step 6/6" in result.stderr
-    assert "mesh {'data': 2, 'fsdp': 2, 'tensor': 2} over 8 devices" in result.stderr
-    metrics = _metrics(tmp_path)
-    assert [m["step"] for m in metrics] == [3, 6]
-    assert all(m["tokens_per_second"] > 0 for m in metrics)
-
-
-@pytest.mark.slow
-def test_driver_trains_on_original_tfrecords_and_evaluates(tmp_path):
-    fixtures = helpers.FIXTURES
-    result = _run(["--config=configs/pretrain.py:size=tiny,data=tfrecord", "--config.train.num_steps=8",
-                   "--config.train.log_every=4", "--config.train.eval_every=8", "--config.train.eval_steps=3",
-                   "--config.optim.learning_rate=1e-3", "--config.optim.warmup_steps=2",
-                   f"--config.data.input_files={fixtures}/sample_seq128.tfrecord",
-                   f"--config.data.eval_input_files={fixtures}/sample_seq128_wwm.tfrecord", *COMMON], tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
-    metrics = _metrics(tmp_path)
-    assert [m["step"] for m in metrics] == [4, 8]
-    assert metrics[1]["loss"] < metrics[0]["loss"]
-    assert "eval_mlm_loss" in metrics[1] and "eval_mlm_loss" not in metrics[0]
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("args, message", [
-    (["--config.data.input_files=/nonexistent/train-*.tfrecord"], "/nonexistent/train-*.tfrecord"),
-    ([f"--config.data.input_files={helpers.FIXTURES}/sample_seq128.tfrecord", "--config.model.vocab_size=2048"],
-     "vocab"),
-    ([f"--config.data.input_files={helpers.FIXTURES}/sample_seq128.tfrecord", "--config.data.max_seq_length=64"],
-     "max_seq_length"),
-])
-def test_driver_bad_input_fails_with_a_clear_message(tmp_path, args, message):
-    result = _run(["--config=configs/pretrain.py:size=tiny,data=tfrecord", "--config.train.num_steps=2", *COMMON,
-                   *args], tmp_path)
-    assert result.returncode != 0
-    assert message in result.stderr
-
-
-def test_console_script_refuses_a_misspelt_override(tmp_path):
-    program = shutil.which("bert-jax")
-    if program is None:
-        pytest.skip("bert-jax console script not installed (pip install -e .)")
-    result = _run(["--config=configs/pretrain.py", "--config.optim.learning_rat=1e-4"], tmp_path, (program,))
-    assert result.returncode != 0
-    assert "learning_rat" in result.stderr
-
-
-@pytest.mark.slow
-def test_default_run_makes_data_from_the_demo_corpus_then_reuses_it(tmp_path):
-    args = ["--config=configs/pretrain.py", "--config.train.num_steps=4", "--config.train.log_every=2",
-            "--config.train.eval_every=4", "--config.train.eval_steps=1", *COMMON]
-    result = _run(args, tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
-    ready = json.loads((tmp_path / "data" / "READY.json").read_text())
-    assert ready["special_ids"] == [0, 2, 3, 4]  # a trained vocab puts [PAD] [CLS] [SEP] [MASK] at fixed ids
-    assert ready["stats"]["train"]["instances"] > 1000
-    assert "dynamic masking" in result.stderr  # unmasked training records, masked in tf.data
-    metrics = _metrics(tmp_path)
-    assert "eval_mlm_accuracy" in metrics[-1]
-    # --mode=eval reads the final checkpoint's parameters and the whole held-out split.
-    evaluation = _run([*args, "--mode=eval"], tmp_path)
-    assert evaluation.returncode == 0, evaluation.stderr[-3000:]
-    assert f"eval of {tmp_path}/checkpoints/4: eval_mlm_loss" in evaluation.stderr
-    [line] = [json.loads(line) for line in (tmp_path / "eval_metrics.jsonl").read_text().splitlines()]
-    assert line["step"] == 4 and 0 < line["eval_nsp_accuracy"] <= 1 and line["eval_mlm_perplexity"] > 1
-    # --mode=export writes what transformers loads, with the trained vocabulary and no padding rows.
-    exported = _run([*args, "--mode=export"], tmp_path)
-    assert exported.returncode == 0, exported.stderr[-3000:]
-    transformers = pytest.importorskip("transformers")
-    hf_model = transformers.BertForPreTraining.from_pretrained(str(tmp_path / "export" / "hf"))
-    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "export" / "hf"))
-    assert hf_model.config.vocab_size == ready["tokenizer_vocab_size"] == len(hf_tokenizer)
-    assert hf_model.config.hidden_act == "gelu_new"  # the tanh GELU of the original BERT code
-    # A second run in the same workdir reuses the data (and its checkpoint: nothing is left to train); a different
-    # data setting is refused, not mixed in.
-    again = _run([*args, "--config.train.num_steps=2"], tmp_path)
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert "reusing pretraining data" in again.stderr
-    assert "already at step 4 of train.num_steps=2" in again.stderr
-    changed = _run([*args, "--config.data.masked_lm_prob=0.2"], tmp_path)
-    assert changed.returncode != 0
-    assert "masked_lm_prob differ" in changed.stderr
-
-
-@pytest.mark.slow
-def test_run_on_a_text_corpus_with_the_original_vocab_and_whole_word_masking(tmp_path):
-    result = _run(["--config=configs/pretrain.py:size=tiny,data=corpus", "--config.train.num_steps=3",
-                   "--config.train.log_every=3", f"--config.data.corpus={helpers.FIXTURES}/sample_text.txt",
-                   f"--config.data.vocab_file={helpers.FIXTURES}/vocab_uncased.txt",
-                   "--config.data.whole_word_mask=True", "--config.data.eval_every_nth_document=0", *COMMON], tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
-    ready = json.loads((tmp_path / "data" / "READY.json").read_text())
-    assert ready["special_ids"] == [0, 101, 102, 103]
-    assert ready["eval_files"] == ""
-    assert "model.vocab_size 30522 -> 30592" in result.stderr
-
-
-@pytest.mark.slow
-def test_driver_finetunes_then_extracts_features(tmp_path):
-    rows = [("a great film", "positive"), ("an awful film", "negative")] * 16
-    train_file = tmp_path / "reviews.csv"
-    train_file.write_text("review,sentiment\n" + "".join(f"{text},{label}\n" for text, label in rows))
-    common = ["--config=configs/finetune.py:size=tiny", f"--config.data.vocab_file={helpers.FIXTURES}/vocab_uncased.txt",
-              f"--config.data.train_file={train_file}", f"--config.data.eval_file={train_file}",
-              "--config.data.text_columns=review", "--config.data.label_column=sentiment",
-              "--config.data.max_seq_length=16", "--config.model.vocab_size=30592", "--config.train.batch_size=8",
-              *COMMON[1:]]
-    result = _run(["--mode=finetune", *common, "--config.train.num_steps=3", "--config.train.log_every=3"],
-                  tmp_path / "work")
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "eval_accuracy" in _metrics(tmp_path / "work")[-1]
-    features = _run(["--mode=features", *common, f"--config.init={tmp_path / 'work' / 'finetuned'}",
-                     f"--config.features.input_file={train_file}", "--config.features.pooling=mean",
-                     f"--config.features.output={tmp_path / 'features.npy'}"], tmp_path / "work")
-    assert features.returncode == 0, features.stderr[-3000:]
-    import numpy as np
-    embeddings = np.load(tmp_path / "features.npy")
-    assert embeddings.shape == (32, 128)
-    np.testing.assert_allclose(embeddings[0], embeddings[2], rtol=1e-5)  # the same text, the same vector
-    # A pretraining config in a downstream mode is refused with the reason, not a traceback.
-    wrong = _run(["--mode=finetune", "--config=configs/pretrain.py:size=tiny"], tmp_path / "wrong")
-    assert wrong.returncode != 0 and "configs/finetune.py" in wrong.stderr
 
 
 @pytest.fixture
@@ -177,6 +54,130 @@ def driver_flags(monkeypatch):
         yield parse
     flags.FLAGS.unparse_flags()
     forget_overrides()
+
+
+def _main(driver_flags, caplog, *args):
+    """The driver's main() with these flags, in this process (no interpreter, JAX or TensorFlow start-up to pay
+    for); returns the log text."""
+    driver = driver_flags(*args)
+    caplog.clear()
+    caplog.set_level(logging.INFO, logger="absl")  # after parsing, which sets absl's level from --verbosity
+    driver.main(["bert_jax"])
+    return caplog.text
+
+
+def test_driver_trains_on_original_tfrecords_and_evaluates(tmp_path, caplog, driver_flags):
+    fixtures = helpers.FIXTURES
+    log = _main(driver_flags, caplog, f"--workdir={tmp_path}", f"--config={PRETRAIN}:size=tiny,data=tfrecord",
+                "--config.train.num_steps=8", "--config.train.log_every=4", "--config.train.eval_every=8",
+                "--config.train.eval_steps=3", "--config.optim.learning_rate=1e-3", "--config.optim.warmup_steps=2",
+                f"--config.data.input_files={fixtures}/sample_seq128.tfrecord",
+                f"--config.data.eval_input_files={fixtures}/sample_seq128_wwm.tfrecord", *COMMON)
+    assert "step 8/8" in log
+    assert "mesh {'data': 2, 'fsdp': 2, 'tensor': 2} over 8 devices" in log
+    metrics = _metrics(tmp_path)
+    assert [m["step"] for m in metrics] == [4, 8]
+    assert all(m["tokens_per_second"] > 0 for m in metrics)
+    assert metrics[1]["loss"] < metrics[0]["loss"]
+    assert "eval_mlm_loss" in metrics[1] and "eval_mlm_loss" not in metrics[0]
+
+
+@pytest.mark.parametrize("args, error, message", [
+    (["--config.data.input_files=/nonexistent/train-*.tfrecord"], FileNotFoundError,
+     "no files match '/nonexistent/train-*.tfrecord'; fix --config.data.input_files"),
+    ([f"--config.data.input_files={helpers.FIXTURES}/sample_seq128.tfrecord", "--config.model.vocab_size=2048"],
+     ValueError, "but the model's vocab_size is 2048"),
+    ([f"--config.data.input_files={helpers.FIXTURES}/sample_seq128.tfrecord", "--config.data.max_seq_length=64"],
+     ValueError, "has length 128 but the config expects 64; set --config.data.max_seq_length=128"),
+])
+def test_driver_bad_input_fails_with_a_clear_message(tmp_path, caplog, driver_flags, args, error, message):
+    with pytest.raises(error) as raised:
+        _main(driver_flags, caplog, f"--workdir={tmp_path}", f"--config={PRETRAIN}:size=tiny,data=tfrecord",
+              "--config.train.num_steps=2", *COMMON, *args)
+    assert message in str(raised.value)
+
+
+def test_console_script_refuses_a_misspelt_override(tmp_path):
+    program = shutil.which("bert-jax")
+    if program is None:
+        pytest.skip("bert-jax console script not installed (pip install -e .)")
+    result = _run(["--config=configs/pretrain.py", "--config.optim.learning_rat=1e-4"], tmp_path, (program,))
+    assert result.returncode != 0
+    assert "learning_rat" in result.stderr
+
+
+@pytest.mark.slow
+def test_default_run_makes_data_from_the_demo_corpus_then_reuses_it(tmp_path, caplog, driver_flags):
+    """The README's quick start as a user runs it (one `python -m bert_jax.main` process), then the other modes
+    and a second run in the same workdir (in this process: the process boundary is not what they show)."""
+    args = ["--config.train.num_steps=4", "--config.train.log_every=2", "--config.train.eval_every=4",
+            "--config.train.eval_steps=1", *COMMON]
+    result = _run(["--config=configs/pretrain.py", *args], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    ready = json.loads((tmp_path / "data" / "READY.json").read_text())
+    assert ready["special_ids"] == [0, 2, 3, 4]  # a trained vocab puts [PAD] [CLS] [SEP] [MASK] at fixed ids
+    assert ready["stats"]["train"]["instances"] > 1000
+    assert "dynamic masking" in result.stderr  # unmasked training records, masked in tf.data
+    metrics = _metrics(tmp_path)
+    assert "eval_mlm_accuracy" in metrics[-1]
+    args = [f"--workdir={tmp_path}", f"--config={PRETRAIN}", *args]
+    # --mode=eval reads the final checkpoint's parameters and the whole held-out split.
+    log = _main(driver_flags, caplog, *args, "--mode=eval")
+    assert f"eval of {tmp_path}/checkpoints/4: eval_mlm_loss" in log
+    [line] = [json.loads(line) for line in (tmp_path / "eval_metrics.jsonl").read_text().splitlines()]
+    assert line["step"] == 4 and 0 < line["eval_nsp_accuracy"] <= 1 and line["eval_mlm_perplexity"] > 1
+    # --mode=export writes what transformers loads, with the trained vocabulary and no padding rows.
+    _main(driver_flags, caplog, *args, "--mode=export")
+    transformers = pytest.importorskip("transformers")
+    hf_model = transformers.BertForPreTraining.from_pretrained(str(tmp_path / "export" / "hf"))
+    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "export" / "hf"))
+    assert hf_model.config.vocab_size == ready["tokenizer_vocab_size"] == len(hf_tokenizer)
+    assert hf_model.config.hidden_act == "gelu_new"  # the tanh GELU of the original BERT code
+    # A second run in the same workdir reuses the data (and its checkpoint: nothing is left to train); a different
+    # data setting is refused, not mixed in.
+    log = _main(driver_flags, caplog, *args, "--config.train.num_steps=2")
+    assert "reusing pretraining data" in log
+    assert "already at step 4 of train.num_steps=2" in log
+    with pytest.raises(ValueError, match="masked_lm_prob differ"):
+        _main(driver_flags, caplog, *args, "--config.data.masked_lm_prob=0.2")
+
+
+def test_run_on_a_text_corpus_with_the_original_vocab_and_whole_word_masking(tmp_path, caplog, driver_flags):
+    log = _main(driver_flags, caplog, f"--workdir={tmp_path}", f"--config={PRETRAIN}:size=tiny,data=corpus",
+                "--config.train.num_steps=3", "--config.train.log_every=3",
+                f"--config.data.corpus={helpers.FIXTURES}/sample_text.txt",
+                f"--config.data.vocab_file={helpers.FIXTURES}/vocab_uncased.txt",
+                "--config.data.whole_word_mask=True", "--config.data.eval_every_nth_document=0", *COMMON)
+    assert "step 3/3" in log
+    ready = json.loads((tmp_path / "data" / "READY.json").read_text())
+    assert ready["special_ids"] == [0, 101, 102, 103]
+    assert ready["eval_files"] == ""
+    assert "model.vocab_size 30522 -> 30592" in log
+
+
+def test_driver_finetunes_then_extracts_features(tmp_path, caplog, driver_flags):
+    rows = [("a great film", "positive"), ("an awful film", "negative")] * 16
+    train_file = tmp_path / "reviews.csv"
+    train_file.write_text("review,sentiment\n" + "".join(f"{text},{label}\n" for text, label in rows))
+    common = [f"--workdir={tmp_path / 'work'}", f"--config={helpers.ROOT}/configs/finetune.py:size=tiny",
+              f"--config.data.vocab_file={helpers.FIXTURES}/vocab_uncased.txt",
+              f"--config.data.train_file={train_file}", f"--config.data.eval_file={train_file}",
+              "--config.data.text_columns=review", "--config.data.label_column=sentiment",
+              "--config.data.max_seq_length=16", "--config.model.vocab_size=30592", "--config.train.batch_size=8",
+              *COMMON[1:]]
+    _main(driver_flags, caplog, "--mode=finetune", *common, "--config.train.num_steps=3",
+          "--config.train.log_every=3")
+    assert "eval_accuracy" in _metrics(tmp_path / "work")[-1]
+    _main(driver_flags, caplog, "--mode=features", *common, f"--config.init={tmp_path / 'work' / 'finetuned'}",
+          f"--config.features.input_file={train_file}", "--config.features.pooling=mean",
+          f"--config.features.output={tmp_path / 'features.npy'}")
+    embeddings = np.load(tmp_path / "features.npy")
+    assert embeddings.shape == (32, 128)
+    np.testing.assert_allclose(embeddings[0], embeddings[2], rtol=1e-5)  # the same text, the same vector
+    # A pretraining config in a downstream mode is refused with the reason, not a traceback.
+    with pytest.raises(app.UsageError, match="configs/finetune.py"):
+        _main(driver_flags, caplog, "--mode=finetune", f"--workdir={tmp_path / 'wrong'}",
+              f"--config={PRETRAIN}:size=tiny")
 
 
 def test_driver_prepares_the_data_then_logs_the_final_config_then_trains(tmp_path, monkeypatch, caplog,

@@ -255,6 +255,8 @@ def load_flax(directory: str):
     config_path, weights_path = os.path.join(directory, FLAX_CONFIG), os.path.join(directory, FLAX_WEIGHTS)
     with open(config_path, encoding="utf-8") as file:
         values = json.load(file)
+    # Exports of earlier versions name the CPU matmul choice, which no longer exists; it never changed the weights.
+    values.pop("matmul", None)
     unknown = set(values) - {field.name for field in dataclasses.fields(model_lib.BertConfig)}
     if unknown:
         raise ValueError(f"{config_path}: unknown fields {sorted(unknown)}; was it written by export_flax?")

@@ -265,6 +265,10 @@ def test_flax_export_round_trip_and_load_pretrained(tmp_path):
     again_config, again, report = pretrained.load_pretrained(str(tmp_path / "flax"))
     assert report.format == "bert_jax" and again_config == config and report.vocab_file
     _assert_trees_equal(again, params)
+    # An export of an earlier version, whose config named the CPU matmul choice, still loads.
+    config_path = tmp_path / "flax" / export.FLAX_CONFIG
+    config_path.write_text(json.dumps(dict(json.loads(config_path.read_text()), matmul="auto")))
+    assert export.load_flax(str(tmp_path / "flax"))[0] == config
 
 
 def test_export_from_an_orbax_checkpoint(tmp_path):

@@ -147,7 +147,8 @@ def test_run_on_a_text_corpus_with_the_original_vocab_and_whole_word_masking(tmp
                 "--config.train.num_steps=3", "--config.train.log_every=3",
                 f"--config.data.corpus={helpers.FIXTURES}/sample_text.txt",
                 f"--config.data.vocab_file={helpers.FIXTURES}/vocab_uncased.txt",
-                "--config.data.whole_word_mask=True", "--config.data.eval_every_nth_document=0", *COMMON)
+                "--config.data.whole_word_mask=True", "--config.data.eval_every_nth_document=0",
+                "--config.data.max_seq_length=32", "--config.data.max_predictions_per_seq=5", *COMMON)
     assert "step 3/3" in log
     ready = json.loads((tmp_path / "data" / "READY.json").read_text())
     assert ready["special_ids"] == [0, 101, 102, 103]

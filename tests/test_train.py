@@ -144,8 +144,9 @@ def test_weight_decay_skips_layer_norm_and_biases():
     ones = jax.tree.map(lambda p: np.ones(p.shape, np.float32), params)
     zeros = jax.tree.map(np.zeros_like, ones)
     state = tx.init(ones)
+    update = jax.jit(tx.update)  # one compilation, not one per operation
     for _ in range(3):  # past step 0, where the warmup learning rate is 0
-        updates, state = tx.update(zeros, state, ones)
+        updates, state = update(zeros, state, ones)
     moved = jax.tree.map(lambda u: bool(np.any(np.asarray(u) != 0)), updates)
     assert moved["layer_0"]["attention"]["query"]["kernel"]
     assert not moved["layer_0"]["attention"]["query"]["bias"]

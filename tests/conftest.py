@@ -66,11 +66,11 @@ def pytest_addoption(parser, pluginmanager):
 
 
 def _start_rank(item):
-    """0: a module of ONE_WORKER_MODULES (tens of seconds as one unit); 1: a test marked slow (a driver subprocess,
-    several compilations); 2: the rest."""
-    if _module(item.nodeid) in ONE_WORKER_MODULES:
+    """0: a test marked slow (driver subprocesses, several compilations: the longest single units); 1: a module of
+    ONE_WORKER_MODULES (tens of seconds as one unit); 2: the rest."""
+    if item.get_closest_marker("slow"):
         return 0
-    return 1 if item.get_closest_marker("slow") else 2
+    return 1 if _module(item.nodeid) in ONE_WORKER_MODULES else 2
 
 
 def pytest_collection_modifyitems(config, items):

@@ -15,6 +15,8 @@ import pytest
 from tests import helpers
 
 PRETRAIN = f"{helpers.ROOT}/configs/pretrain.py"
+# ml_collections' config_flags loads --config files with importlib's deprecated load_module(), here in this process.
+pytestmark = pytest.mark.filterwarnings(r"ignore:the load_module\(\) method is deprecated:DeprecationWarning")
 
 # Small enough to compile and run in seconds on 2 cores, sharded 2 x 2 x 2 over 8 fake CPU devices.
 COMMON = ["--config.train.batch_size=8", "--config.mesh.fsdp=2", "--config.mesh.tensor=2",

@@ -34,6 +34,9 @@ _ROUND_SECONDS = 0.1
 DEFAULT_FLOPS_PER_S = 2e11  # the rate assumed when the caller has not measured one
 _MAX_INNER = 1000
 _MIN_CALLS, _MAX_CALLS = 5, 50
+# Every function `alone` compiles, kept until the process exits. XLA:CPU (jaxlib 0.10.2) with oneDNN dots aborted
+# (object_pool.h "Check failed: available_.size() == num_created_") when an executable was freed just after it ran.
+_KEEP_COMPILED = []
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,6 +152,7 @@ def alone(matmul: Matmul, inner: int = 1, device=None):
         lhs = _operand(keys[0], matmul.lhs_shape, matmul.lhs_dtype)
         rhs = _operand(keys[1], matmul.rhs_shape, matmul.rhs_dtype)
     run = jax.jit(looped(matmul, inner))
+    _KEEP_COMPILED.append(run)
     run(lhs, rhs).block_until_ready()
     return lambda: run(lhs, rhs).block_until_ready()
 

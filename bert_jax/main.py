@@ -4,8 +4,10 @@ The same command runs on a laptop CPU, a GPU cluster (one process per host or pe
 TPU pod slice; see launch/ for the per-platform wrappers.
 """
 
+import importlib.util
 import logging as std_logging
 import os
+import sys
 
 from absl import app
 from absl import flags
@@ -13,6 +15,7 @@ from absl import logging
 import jax
 from ml_collections import config_flags
 
+from bert_jax import fileio
 from bert_jax import finetune
 from bert_jax import pretraining
 from bert_jax import sharding
@@ -52,8 +55,9 @@ def _quiet_checkpointing(record) -> bool:
 
 def main(argv):
     if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+        raise ValueError(f"unexpected arguments {argv[1:]}: every setting is a --flag or a --config.FIELD=VALUE")
     logging.get_absl_handler().addFilter(_quiet_checkpointing)
+    _check_workdir(FLAGS.workdir)
     sharding.initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
     config, mode, downstream = FLAGS.config, FLAGS.mode, FLAGS.mode in ("finetune", "features")
     try:
@@ -61,9 +65,9 @@ def main(argv):
             finetune.validate_config(config, jax.device_count(), jax.process_count(), mode=mode)
         else:
             train.validate_config(config, jax.device_count(), jax.process_count())
-    except (ValueError, KeyError, AttributeError) as error:
-        raise app.UsageError(f"bad config for --mode={mode}: {error} (--mode=finetune/features take "
-                             "configs/finetune.py, the other modes configs/pretrain.py)") from None
+    except (KeyError, AttributeError) as error:  # a field of the other recipe
+        raise ValueError(f"--config has no field {error} for --mode={mode}: --mode=finetune/features take "
+                         "configs/finetune.py, the other modes configs/pretrain.py") from None
     if not downstream and config.data.source == "corpus":
         # Data first: it sets the vocab size and the input files, so the config logged below is the one that runs.
         # Every process calls it: process 0 makes (or reuses) WORKDIR/data while the others wait for it.
@@ -86,7 +90,48 @@ def main(argv):
         logging.info("stopped by SIGTERM after saving step %d; rerun the same command to resume",
                      results["preempted_at_step"])
     else:
-        logging.info("done: %s", {k: round(v, 4) for k, v in results.items()})
+        logging.info("done: %s", " ".join(f"{name}={value:.6g}" for name, value in results.items()))
+
+
+def _check_workdir(path: str) -> None:
+    if fileio.exists(path) and not fileio.isdir(path):
+        raise ValueError(f"--workdir={path} is a file; pass a directory (a new one, or a run's to resume it)")
+    try:
+        fileio.makedirs(path)
+    except OSError as error:
+        raise ValueError(f"--workdir={path}: cannot create the directory ({error.strerror or error}); pass a "
+                         "directory you can write to") from None
+
+
+# User errors: a bad flag, field, file or path. The driver prints the message alone (it names the flag or file and
+# the fix); --verbosity=1 adds the traceback.
+USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError,
+               PermissionError)
+
+
+def _main_reporting_user_errors(argv):
+    try:
+        main(argv)
+    except USER_ERRORS as error:
+        logging.debug("traceback of the error below", exc_info=True)
+        sys.stderr.write(f"bert_jax: error: {error}\n")
+        sys.exit(1)
+
+
+def _parse_flags(argv):
+    """absl's flag parsing, with an override's error (a misspelt or mistyped --config field) as one message."""
+    try:
+        return FLAGS(argv)
+    except flags.Error as error:
+        message = str(error)
+    except (KeyError, AttributeError, ValueError, TypeError) as error:
+        # ml_collections raises AttributeError(KeyError("'name'\nDid you mean ...")) for a misspelt field.
+        while error.args and isinstance(error.args[0], Exception):
+            error = error.args[0]
+        text = error.args[0] if isinstance(error, KeyError) and error.args else str(error)
+        message = "bad --config override: " + " ".join(str(text).split())
+    sys.stderr.write(f"bert_jax: error: {message}\n")
+    sys.exit(1)
 
 
 # XLA:CPU options, set by run() before JAX starts its backend (it reads XLA_FLAGS then, not at import). Other
@@ -108,10 +153,22 @@ def with_cpu_xla_flags(xla_flags: str) -> str:
     return " ".join([*xla_flags.split(), *added])
 
 
+def _without_an_absent_tpu() -> None:
+    """The CPU, quietly, on a host with libtpu installed (the test and aot extras install it for ahead-of-time TPU
+    compilation) but no TPU chip or GPU attached: JAX would otherwise try the TPU first and print libtpu's errors."""
+    if jax.config.jax_platforms or importlib.util.find_spec("libtpu") is None:
+        return
+    from jax._src import hardware_utils  # pylint: disable=import-outside-toplevel  # JAX's own test for TPU chips
+    if not (hardware_utils.num_available_tpu_chips_and_device_id()[0] or hardware_utils.has_visible_nvidia_gpu()
+            or hardware_utils.num_available_amd_gpus(stop_at=1)):
+        jax.config.update("jax_platforms", "cpu")
+
+
 def run():
     """Console-script entry point (`bert-jax`)."""
     os.environ["XLA_FLAGS"] = with_cpu_xla_flags(os.environ.get("XLA_FLAGS", ""))
-    app.run(main)
+    _without_an_absent_tpu()
+    app.run(_main_reporting_user_errors, flags_parser=_parse_flags)
 
 
 if __name__ == "__main__":

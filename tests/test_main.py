@@ -8,7 +8,6 @@ import shutil
 import subprocess
 import sys
 
-from absl import app
 import numpy as np
 import pytest
 
@@ -24,8 +23,10 @@ COMMON = ["--config.train.batch_size=8", "--config.mesh.fsdp=2", "--config.mesh.
 
 
 def _run(args, tmp_path, program=(sys.executable, "-m", "bert_jax.main")):
-    env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2",
-               XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    # JAX_PLATFORMS unset, as a user runs it: the driver picks the CPU quietly where libtpu is installed (the test
+    # extra installs it) but no TPU is attached.
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    env.pop("JAX_PLATFORMS", None)
     return subprocess.run([*program, f"--workdir={tmp_path}", *args], cwd=helpers.ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
 
@@ -99,13 +100,40 @@ def test_driver_bad_input_fails_with_a_clear_message(tmp_path, caplog, driver_fl
     assert message in str(raised.value)
 
 
-def test_console_script_refuses_a_misspelt_override(tmp_path):
+def test_console_script_refuses_a_misspelt_field_with_one_message(tmp_path):
     program = shutil.which("bert-jax")
     if program is None:
         pytest.skip("bert-jax console script not installed (pip install -e .)")
     result = _run(["--config=configs/pretrain.py", "--config.optim.learning_rat=1e-4"], tmp_path, (program,))
-    assert result.returncode != 0
-    assert "learning_rat" in result.stderr
+    assert result.returncode == 1
+    [line] = result.stderr.strip().splitlines()  # no traceback, no flag help
+    assert line.startswith("bert_jax: error: ") and "learning_rat" in line
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--config.train.batch_size=6"], "--config.train.batch_size=6 must be a positive multiple of the 8 "
+     "data-parallel devices"),
+    (["--config.init=/nonexistent/checkpoint"], "/nonexistent/checkpoint does not exist"),
+    (["--workdir={tmp_path}/a_file"], "--workdir={tmp_path}/a_file is a file; pass a directory"),
+    (["--workdir={tmp_path}/a_file/run"], "--workdir={tmp_path}/a_file/run: cannot create the directory"),
+    (["--config.optim.learning_rate=one"], "learning_rate"),
+    (["stray"], "unexpected arguments ['stray']"),
+])
+def test_a_user_error_is_one_message_and_exit_1(tmp_path, capsys, monkeypatch, driver_flags, args, message):
+    """What the driver prints for a user error: one line naming the flag or field and the fix, no traceback or
+    flag help (run() parses the flags and calls main() this way)."""
+    from bert_jax import main as driver
+    (tmp_path / "a_file").write_text("not a directory")
+    argv = ["bert_jax", f"--workdir={tmp_path}/run", f"--config={PRETRAIN}:size=tiny,data=synthetic",
+            *[arg.format(tmp_path=tmp_path) for arg in args]]
+    monkeypatch.setattr(sys, "argv", argv)  # config_flags finds --config.* overrides there
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exited:
+        driver._main_reporting_user_errors(driver._parse_flags(argv))  # pylint: disable=protected-access
+    assert exited.value.code == 1
+    stderr = capsys.readouterr().err
+    [line] = [line for line in stderr.splitlines() if line.startswith("bert_jax: error: ")]
+    assert message.format(tmp_path=tmp_path) in line and "Traceback" not in stderr, stderr
 
 
 @pytest.mark.slow
@@ -116,6 +144,8 @@ def test_default_run_makes_data_from_the_demo_corpus_then_reuses_it(tmp_path, ca
             "--config.train.eval_steps=1", *COMMON]
     result = _run(["--config=configs/pretrain.py", *args], tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
+    assert not [line for line in result.stderr.splitlines() if "tpu" in line.lower()]  # no TPU start-up errors
+    assert "over 8 devices" in result.stderr and "cpu" in result.stderr.lower()
     ready = json.loads((tmp_path / "data" / "READY.json").read_text())
     assert ready["special_ids"] == [0, 2, 3, 4]  # a trained vocab puts [PAD] [CLS] [SEP] [MASK] at fixed ids
     assert ready["stats"]["train"]["instances"] > 1000
@@ -178,7 +208,7 @@ def test_driver_finetunes_then_extracts_features(tmp_path, caplog, driver_flags)
     assert embeddings.shape == (32, 128)
     np.testing.assert_allclose(embeddings[0], embeddings[2], rtol=1e-5)  # the same text, the same vector
     # A pretraining config in a downstream mode is refused with the reason, not a traceback.
-    with pytest.raises(app.UsageError, match="configs/finetune.py"):
+    with pytest.raises(ValueError, match="configs/finetune.py"):
         _main(driver_flags, caplog, "--mode=finetune", f"--workdir={tmp_path / 'wrong'}",
               f"--config={PRETRAIN}:size=tiny")
 

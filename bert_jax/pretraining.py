@@ -24,25 +24,36 @@ from bert_jax import metrics as metrics_lib
 from bert_jax import model as model_lib
 from bert_jax import optim
 from bert_jax import sharding as sharding_lib
-from bert_jax.train import (NonFiniteLossError, abstract_train_state, create_train_state, jit_train_step,
-                            make_eval_step, make_train_step, validate_config)
+from bert_jax.train import (NonFiniteLossError, abstract_train_state, create_train_state, jit_eval_step,
+                            jit_train_step, make_eval_step, make_train_step, validate_config)
 
 
 def evaluate(eval_step, params, batches: Iterator, batch_sharding, num_batches: int | None) -> dict[str, float]:
-    """Held-out metrics over `num_batches` batches (None: until the data ends on any process)."""
+    """Held-out metrics over `num_batches` global batches (None: the whole held-out set), with "eval_records", the
+    number of records (instances) they cover.
+
+    The metrics are weighted sums over weighted counts (see train.make_eval_step), so padding rows count for
+    nothing and the result is that of evaluating each record once, on any mesh and number of processes.
+    """
     totals, count = None, 0
     while num_batches is None or count < num_batches:
         local = next(batches, None)
-        # Every process must run the same number of sharded steps: stop when any one has run out.
-        if not sharding_lib.all_processes_agree(local is not None):
+        # Every process must run the same number of sharded steps: go on while any one has data; a process whose
+        # share has run out feeds batches of weight 0 (its shard may hold a batch fewer than another's).
+        if sharding_lib.all_processes_agree(local is None):
             break
         sums = eval_step(params, sharding_lib.make_global_batch(local, batch_sharding))
+        if local is None:
+            local = batches.empty_batch()
         totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
         count += 1
     if totals is None:
-        raise ValueError("evaluation read no batch: --config.data.eval_input_files holds fewer records than one "
-                         "global batch (train.batch_size)")
-    return metrics_lib.summarize_eval({k: float(v) for k, v in jax.device_get(totals).items()})
+        raise ValueError("evaluation read no batch: the held-out data (--config.data.eval_input_files) is empty")
+    sums = {k: float(v) for k, v in jax.device_get(totals).items()}
+    records = int(round(sums["nsp_count"]))
+    logging.info("evaluation: %d held-out records (%d masked tokens) in %d batches", records,
+                 int(round(sums["mlm_weight"])), count)
+    return dict(metrics_lib.summarize_eval(sums), eval_records=records)
 
 
 @dataclasses.dataclass
@@ -65,12 +76,16 @@ def _require_prepared_data(config) -> None:
                          "workdir), as bert_jax.main does; it points the config at the TFRecords it writes")
 
 
-def _build(config, workdir: str) -> _Run:
+def _build(config, workdir: str, mode: str) -> _Run:
+    """`mode`: "train" or "eval", the job the run is built for (see train.validate_config)."""
     # Imported here so that importing this module does not import TensorFlow.
     from bert_jax.data import input_pipeline  # pylint: disable=import-outside-toplevel
     from bert_jax.data import tokenization  # pylint: disable=import-outside-toplevel
     _require_prepared_data(config)
-    validate_config(config, jax.device_count(), jax.process_count())
+    validate_config(config, jax.device_count(), jax.process_count(), mode=mode)
+    if config.data.source == "tfrecord" and config.data.eval_input_files:
+        # Now, not at the first evaluation, which training reaches only after train.eval_every steps.
+        input_pipeline.check_eval_files(config.data, mode=mode)
     model_config = model_lib.BertConfig.from_config(config.model)
     mesh = sharding_lib.create_mesh(config.mesh)
     tx, schedule = optim.create_optimizer(config.optim, config.train.num_steps)
@@ -181,7 +196,7 @@ def train_and_evaluate(config, workdir: str) -> dict[str, float]:
 
     On SIGTERM it saves a checkpoint at the current step and returns early, with "preempted_at_step" set.
     """
-    run = _build(config, workdir)
+    run = _build(config, workdir, "train")
     data, train = config.data, config.train
     train_batches = run.make_iterator(split="train", seed=train.seed)
     writer = metrics_lib.MetricWriter(workdir)
@@ -195,12 +210,10 @@ def train_and_evaluate(config, workdir: str) -> dict[str, float]:
         num_params = sum(x.size for x in jax.tree.leaves(state.params))
         logging.info("model: %s, %s parameters", run.model_config, f"{num_params:,}")
         batch_sharding = sharding_lib.batch_sharding(run.mesh, run.rules)
-        replicated = NamedSharding(run.mesh, PartitionSpec())
         train_step = jit_train_step(make_train_step(run.model, run.tx, run.schedule, run.rules, run.mesh,
                                                     config.optim.grad_accum_steps), state_shardings, run.mesh,
                                     run.rules)
-        eval_step = jax.jit(make_eval_step(run.model, run.rules),
-                            in_shardings=(state_shardings.params, batch_sharding), out_shardings=replicated)
+        eval_step = jit_eval_step(make_eval_step(run.model, run.rules), state_shardings.params, run.mesh, run.rules)
         if int(state.step) >= train.num_steps:
             logging.warning("the checkpoint is already at step %d of train.num_steps=%d: nothing to train (raise "
                             "--config.train.num_steps to train on)", int(state.step), train.num_steps)
@@ -276,14 +289,12 @@ def evaluate_checkpoint(config, workdir: str, checkpoint: str = "") -> dict[str,
     """`--mode=eval`: held-out MLM loss/accuracy/perplexity and NSP loss/accuracy of a checkpoint's parameters.
 
     `checkpoint` is a step directory or a checkpoints directory (its latest step); default WORKDIR/checkpoints.
-    Reads the whole held-out set (data.eval_input_files, or the workdir's held-out split for data=corpus; the
-    synthetic source has no end, so train.eval_steps batches of it). Results go to the log, to
-    WORKDIR/eval_metrics.jsonl and to TensorBoard under WORKDIR/tensorboard_eval.
+    Reads the whole held-out set, each record once (data.eval_input_files, or the workdir's held-out split for
+    data=corpus; the synthetic source has no end, so train.eval_steps batches of it), and needs no training data.
+    Results, with the number of records evaluated (eval_records), go to the log, to WORKDIR/eval_metrics.jsonl and
+    to TensorBoard under WORKDIR/tensorboard_eval.
     """
-    run = _build(config, workdir)
-    if not config.data.eval_input_files and config.data.source != "synthetic":
-        raise ValueError("--mode=eval needs held-out data: set --config.data.eval_input_files (or use "
-                         "data=corpus with data.eval_every_nth_document > 0)")
+    run = _build(config, workdir, "eval")  # needs held-out data only: validate_config says what is missing
     checkpoint = checkpoint or fileio.join(workdir, checkpoint_lib.CHECKPOINT_SUBDIR)
     with jax.set_mesh(run.mesh):
         abstract, shardings, _ = abstract_train_state(run.model, run.tx, run.mesh, run.rules,
@@ -292,8 +303,7 @@ def evaluate_checkpoint(config, workdir: str, checkpoint: str = "") -> dict[str,
         params, source = checkpoint_lib.restore_params(checkpoint, abstract.params, shardings.params)
         step = int(source.rstrip("/").rsplit("/", 1)[-1]) if source.rstrip("/").rsplit("/", 1)[-1].isdigit() else 0
         batch_sharding = sharding_lib.batch_sharding(run.mesh, run.rules)
-        eval_step = jax.jit(make_eval_step(run.model, run.rules), in_shardings=(shardings.params, batch_sharding),
-                            out_shardings=NamedSharding(run.mesh, PartitionSpec()))
+        eval_step = jit_eval_step(make_eval_step(run.model, run.rules), shardings.params, run.mesh, run.rules)
         num_batches = config.train.eval_steps if config.data.source == "synthetic" else None
         results = evaluate(eval_step, params, run.make_iterator(split="eval", seed=config.train.seed),
                            batch_sharding, num_batches)
@@ -301,7 +311,8 @@ def evaluate_checkpoint(config, workdir: str, checkpoint: str = "") -> dict[str,
                                       jsonl_name="eval_metrics.jsonl")
     writer.write(step, dict(results))
     writer.close()
-    logging.info("eval of %s: %s", source, " | ".join(f"{k} {v:.4f}" for k, v in results.items()))
+    logging.info("eval of %s: %s", source,
+                 " | ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in results.items()))
     return dict(results, step=step)
 
 

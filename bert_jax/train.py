@@ -34,8 +34,17 @@ class NonFiniteLossError(RuntimeError):
     """Raised when a training step produced a NaN or infinite loss."""
 
 
-def validate_config(config, num_devices: int, process_count: int = 1) -> None:
-    """Checks the whole config once, at start-up, with errors that name the field and the fix."""
+PRETRAINING_MODES = ("train", "eval", "export")
+
+
+def validate_config(config, num_devices: int, process_count: int = 1, mode: str = "train") -> None:
+    """Checks the whole config once, at start-up, with errors that name the field and the fix.
+
+    `mode` is the driver's --mode: "train" needs training data, "eval" held-out data only, "export" neither.
+    (The data files themselves are checked where they are first read: input_pipeline.)
+    """
+    if mode not in PRETRAINING_MODES:
+        raise ValueError(f"mode={mode!r}: choose one of {PRETRAINING_MODES}")
     model_config = model_lib.BertConfig.from_config(config.model)
     optim.validate(config.optim, config.train.num_steps)
     mesh_shape = sharding_lib.mesh_shape(config.mesh, num_devices)
@@ -70,10 +79,27 @@ def validate_config(config, num_devices: int, process_count: int = 1) -> None:
                          "end and on SIGTERM)")
     if ckpt.max_to_keep <= 0:
         raise ValueError(f"--config.checkpoint.max_to_keep={ckpt.max_to_keep}: must be positive")
-    if ckpt.keep_best and not config.data.eval_input_files and config.data.source != "corpus":
+    data = config.data
+    # Held-out data: its files, or the workdir's held-out documents (data=corpus, made before the run).
+    held_out_every = data.get("eval_every_nth_document", 0)
+    has_eval_data = bool(data.eval_input_files) or (data.source == "corpus" and held_out_every > 0)
+    if mode == "train" and ckpt.keep_best and not has_eval_data:
         raise ValueError("--config.checkpoint.keep_best=True ranks checkpoints by eval loss: set "
                          "--config.data.eval_input_files, or --config.checkpoint.keep_best=False")
-    data = config.data
+    if mode == "train" and has_eval_data and (train.eval_every <= 0 or train.eval_steps <= 0):
+        raise ValueError(f"--config.train.eval_every={train.eval_every} and --config.train.eval_steps="
+                         f"{train.eval_steps} must be positive when there is held-out data to evaluate on")
+    if mode == "eval":
+        if data.source == "synthetic" and train.eval_steps <= 0:
+            raise ValueError(f"--config.train.eval_steps={train.eval_steps}: synthetic data has no end, so --mode=eval "
+                             "evaluates that many batches; set it positive")
+        if data.source == "corpus" and held_out_every <= 0:
+            raise ValueError(f"--mode=eval needs held-out data, but --config.data.eval_every_nth_document="
+                             f"{held_out_every} holds out no document: set it positive, or evaluate "
+                             "TFRecords with --config.data.source=tfrecord --config.data.eval_input_files=GLOB")
+        if data.source == "tfrecord" and not data.eval_input_files:
+            raise ValueError("--mode=eval needs held-out data: set --config.data.eval_input_files=GLOB[,GLOB...] "
+                             "(--config.data.input_files is not needed)")
     if data.max_seq_length > model_config.max_position_embeddings:
         raise ValueError(f"--config.data.max_seq_length={data.max_seq_length} exceeds "
                          f"model.max_position_embeddings={model_config.max_position_embeddings}")
@@ -84,7 +110,7 @@ def validate_config(config, num_devices: int, process_count: int = 1) -> None:
         raise ValueError(f"--config.data.source={data.source!r}: choose 'corpus', 'synthetic' or 'tfrecord'")
     if data.source == "corpus" and not data.corpus:
         raise ValueError("--config.data.source=corpus needs --config.data.corpus (text globs, tfds:NAME or demo)")
-    if data.source == "tfrecord" and not data.input_files:
+    if mode == "train" and data.source == "tfrecord" and not data.input_files:
         raise ValueError("--config.data.source=tfrecord needs --config.data.input_files=GLOB[,GLOB...]")
     packing.validate_config(data)
 
@@ -208,13 +234,24 @@ def jit_train_step(train_step, state_shardings, mesh, rules):
 
 
 def make_eval_step(model: nn.Module, rules):
-    """Returns `eval_step(params, batch) -> sums` (no dropout); sums add up across batches."""
+    """Returns `eval_step(params, batch) -> sums` (no dropout); sums add up across batches.
+
+    The sums are weighted (masked_lm_weights; nsp_weights where the batch has them, else 1 per row), so rows of
+    weight 0, such as the padding that fills the last held-out batch, add nothing: summed over batches and divided
+    by the summed weights they give each record's metrics exactly once. "nsp_count" counts the weighted records.
+    """
     def eval_step(params, batch):
         with nn.logical_axis_rules(rules):
             outputs = model.apply({"params": params}, **_model_inputs(batch), deterministic=True,
                                   sequence_output=False)
         mlm_xent, mlm_correct = _mlm_terms(outputs["mlm_logits"], batch)
         nsp_xent, nsp_correct = _nsp_terms(outputs["nsp_logits"], batch)
+        # 0 * NaN is NaN: whatever an all-padding row computes, it must not reach the sums.
+        real_predictions = batch["masked_lm_weights"] > 0
+        mlm_xent, mlm_correct = (jnp.where(real_predictions, term, 0.0) for term in (mlm_xent, mlm_correct))
+        if "nsp_weights" in batch:
+            real_instances = batch["nsp_weights"].reshape(-1) > 0
+            nsp_xent, nsp_correct = (jnp.where(real_instances, term, 0.0) for term in (nsp_xent, nsp_correct))
         _, nsp_count = batch_denominators(batch)
         return {
             "mlm_loss_sum": jnp.sum(mlm_xent),
@@ -225,6 +262,13 @@ def make_eval_step(model: nn.Module, rules):
             "nsp_count": nsp_count,
         }
     return eval_step
+
+
+def jit_eval_step(eval_step, params_shardings, mesh, rules):
+    """`eval_step(params, batch) -> sums` jitted as the pretraining job runs it: the parameters in their shardings,
+    the batch in the mesh's batch sharding, the sums replicated."""
+    return jax.jit(eval_step, in_shardings=(params_shardings, sharding_lib.batch_sharding(mesh, rules)),
+                   out_shardings=NamedSharding(mesh, PartitionSpec()))
 
 
 def dummy_batch(batch_size: int, seq_length: int, max_predictions: int) -> dict[str, np.ndarray]:

@@ -191,6 +191,42 @@ def test_make_iterator_reads_train_and_eval_files():
     assert len(list(eval_batches)) == 7
 
 
+def test_held_out_batches_keep_every_record_and_pad_the_last_batch(tmp_path):
+    _write_records(tmp_path / "eval.tfrecord", range(1, 22))  # 21 records: batches of 8, 8 and 5
+    config = _data_config(eval_input_files=str(tmp_path / "eval.tfrecord"), max_seq_length=SMALL_SEQ,
+                          max_predictions_per_seq=SMALL_PRED)
+    iterator = input_pipeline.make_iterator(config, split="eval", batch_size=8, vocab_size=VOCAB_SIZE, seed=0)
+    batches = list(iterator)
+    assert [batch["input_ids"].shape for batch in batches] == [(8, SMALL_SEQ)] * 3
+    weights = np.concatenate([batch["nsp_weights"] for batch in batches])
+    np.testing.assert_array_equal(weights, [1.0] * 21 + [0.0] * 3)
+    decoded = {name: np.concatenate([batch[name] for batch in batches]) for name in batches[0]}
+    assert decoded["input_ids"][:21, 1].tolist() == list(range(1, 22))  # each record once, in file order
+    np.testing.assert_array_equal(decoded["masked_lm_weights"][:21], [[1.0, 0.0]] * 21)
+    for name, values in decoded.items():  # padding rows are zeros in every feature, weights included
+        assert not values[21:].any(), name
+    # What a process whose share has run out feeds: the same structure, all zero.
+    empty = iterator.empty_batch()
+    assert {name: (value.shape, value.dtype) for name, value in empty.items()} == {
+        name: (value.shape, value.dtype) for name, value in batches[0].items()}
+    assert not any(value.any() for value in empty.values())
+    # Training batches (endless, never padded) carry no weights.
+    train = next(input_pipeline.make_iterator(_data_config(input_files=str(tmp_path / "eval.tfrecord"),
+                                                           max_seq_length=SMALL_SEQ,
+                                                           max_predictions_per_seq=SMALL_PRED),
+                                              split="train", batch_size=8, vocab_size=VOCAB_SIZE, seed=0))
+    assert "nsp_weights" not in train
+
+
+def test_held_out_files_are_checked_up_front(tmp_path):
+    pattern = str(tmp_path / "missing-*.tfrecord")
+    with pytest.raises(FileNotFoundError, match="--config.data.eval_input_files"):
+        input_pipeline.check_eval_files(_data_config(eval_input_files=pattern))
+    assert input_pipeline.check_eval_files(_data_config()) == [str(SEQ128_WWM)]
+    with pytest.raises(ValueError, match=r"'input_ids' has length 128 but --config\.data\.max_seq_length=64"):
+        input_pipeline.check_eval_files(_data_config(max_seq_length=64))
+
+
 def test_unknown_source_names_the_flag():
     with pytest.raises(ValueError, match="--config.data.source"):
         input_pipeline.make_iterator(_data_config(source="tfds"), split="train", batch_size=4,
@@ -616,6 +652,7 @@ def test_make_iterator_reads_masking_settings_from_the_config(tmp_path):
     is_continuation = np.arange(VOCAB_SIZE) >= FIRST_CONTINUATION
     batch = next(input_pipeline.make_iterator(config, split="eval", batch_size=16, vocab_size=VOCAB_SIZE, seed=0,
                                               whole_word_continuation=is_continuation))
+    np.testing.assert_array_equal(batch.pop("nsp_weights"), np.ones(16, np.float32))  # 16 records, no padding
     chosen = _check_dynamic_batch(batch, original_ids, lengths, max_predictions=20)
     wanted = [min(20, max(1, round(int(length) * 0.3))) for length in lengths]
     assert all(len(positions) <= want for positions, want in zip(chosen, wanted))

@@ -9,6 +9,10 @@ input_ids, input_mask, segment_ids int32 [B, S]; masked_lm_positions, masked_lm_
 masked_lm_weights float32 [B, P]; next_sentence_labels int32 [B].
 With data.pack, rows are packed instances instead, in the layout of bert_jax.data.packing (position_ids, instance_ids,
 nsp_positions and nsp_weights besides; NSP fields [B, max_instances_per_row]).
+
+Held-out batches (make_iterator's "eval" split) cover every record once: the last batch is filled up to B rows with
+all-zero padding rows, and every batch carries nsp_weights (float32 [B] unpacked: 1 for a record, 0 for padding; packed
+rows have theirs already), so that padding weighs 0 for both MLM (masked_lm_weights) and NSP.
 """
 
 import json
@@ -71,17 +75,34 @@ def _use_dynamic_masking(masking: str, layout: str, flag: str) -> bool:
     return masking == "dynamic" or layout == "unmasked"
 
 
+def _pad_rows(batch, batch_size: int):
+    """`batch` filled up to `batch_size` rows with zeros, plus nsp_weights: padding rows weigh 0 for NSP, and for MLM
+    through their zero masked_lm_weights. (Packed rows carry nsp_weights per instance slot already.)"""
+    if "nsp_weights" not in batch:
+        batch = dict(batch, nsp_weights=tf.ones_like(batch["next_sentence_labels"], tf.float32))
+    missing = batch_size - tf.shape(batch["input_ids"])[0]
+    padded = {}
+    for name, value in batch.items():
+        rows = tf.pad(value, [[0, missing]] + [[0, 0]] * (value.shape.rank - 1))
+        rows.set_shape([batch_size, *value.shape[1:]])  # a static shape: every process's batches have one
+        padded[name] = rows
+    return padded
+
+
 def tfrecord_dataset(patterns: str, *, batch_size: int, max_seq_length: int, max_predictions_per_seq: int,
                      training: bool, seed: int, process_index: int = 0, process_count: int = 1,
                      shuffle_buffer: int = 10000, num_parallel_reads: int = 8,
                      flag: str = _INPUT_FILES_FLAG, masking: str = "auto", masked_lm_prob: float = 0.15,
                      special_ids=(PAD_ID, CLS_ID, SEP_ID, MASK_ID), whole_word_continuation=None,
                      vocab_size: int | None = None,
-                     packing: packing_lib.PackingOptions | None = None) -> tf.data.Dataset:
+                     packing: packing_lib.PackingOptions | None = None,
+                     pad_final_batch: bool = False) -> tf.data.Dataset:
     """Batches of this process's share of the records in `patterns`; `batch_size` is per process.
 
     Training shuffles (seeded), interleaves files and repeats forever; evaluation reads a fixed order once.
-    Partial batches are dropped, so every batch has exactly `batch_size` rows.
+    Every batch has exactly `batch_size` rows: a final partial batch is dropped, or with `pad_final_batch` (reading
+    once, training=False) kept and filled up with all-zero rows, every batch then carrying nsp_weights (1 for a
+    record or instance, 0 for padding) so that weighted sums count each record exactly once.
 
     `masking`: "auto" keeps the masks of masked records and masks unmasked ones dynamically; "static" requires
     masked records; "dynamic" masks every record afresh each time it is read (masked records get their original
@@ -94,6 +115,8 @@ def tfrecord_dataset(patterns: str, *, batch_size: int, max_seq_length: int, max
     """
     if not 0 <= process_index < process_count:
         raise ValueError(f"process_index={process_index} is outside [0, process_count={process_count})")
+    if pad_final_batch and training:
+        raise ValueError("pad_final_batch is for data read once (training=False); training data repeats forever")
     files = expand_globs(patterns, flag=flag)
     layout = tfrecord.check_record_layout(files[0], max_seq_length, max_predictions_per_seq)
     tfrecord.check_one_layout(files, layout, flag)
@@ -130,8 +153,8 @@ def tfrecord_dataset(patterns: str, *, batch_size: int, max_seq_length: int, max
         records = records.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
 
     spec = tfrecord.feature_spec(max_seq_length, max_predictions_per_seq, layout)
-    # A packing window may be partial (the packer takes any count): held-out data then loses only a partial batch.
-    dataset = (records.batch(batch_size, drop_remainder=True) if packing is None
+    # A packing window may be partial (the packer takes any count).
+    dataset = (records.batch(batch_size, drop_remainder=not pad_final_batch) if packing is None
                else records.batch(packing.window, drop_remainder=False))
     # Parsing (and masking) a whole batch at once is a few vectorised ops rather than batch_size small ones.
     if dynamic:
@@ -152,8 +175,13 @@ def tfrecord_dataset(patterns: str, *, batch_size: int, max_seq_length: int, max
     else:
         dataset = dataset.map(lambda serialized: _parse_batch(serialized, spec), num_parallel_calls=tf.data.AUTOTUNE)
     if packing is not None:
-        dataset = packing_lib.pack_dataset(dataset, batch_size=batch_size, max_seq_length=max_seq_length,
-                                           options=packing)
+        # The packer drops a partial batch of rows: read once, it hands over single rows, re-batched here.
+        dataset = packing_lib.pack_dataset(dataset, batch_size=1 if pad_final_batch else batch_size,
+                                           max_seq_length=max_seq_length, options=packing)
+        if pad_final_batch:
+            dataset = dataset.unbatch().batch(batch_size)
+    if pad_final_batch:
+        dataset = dataset.map(lambda batch: _pad_rows(batch, batch_size), num_parallel_calls=tf.data.AUTOTUNE)
     dataset = dataset.prefetch(tf.data.AUTOTUNE)
 
     # A resumed or repeated run must see the same batches for the same seed.
@@ -311,6 +339,12 @@ class TFRecordBatches:
         self.position += 1
         return batch
 
+    def empty_batch(self) -> dict[str, np.ndarray]:
+        """A batch of all-zero rows shaped like the others: with held-out data, every weight in it is 0. A process
+        whose share of the held-out set has run out feeds these while the others still have batches."""
+        return {name: np.zeros(spec.shape, spec.dtype.as_numpy_dtype)
+                for name, spec in self._iterator.element_spec.items()}
+
     def save_state(self, path: str) -> None:
         tf.train.Checkpoint(iterator=self._iterator).write(path)
         _write_position(path, self.position)
@@ -357,7 +391,8 @@ def make_iterator(data_config, *, split: str, batch_size: int, vocab_size: int, 
                   process_rows=None) -> Iterator[dict[str, np.ndarray]]:
     """This process's batches for `split` ("train" or "eval") from the source named in `data_config`.
 
-    Training is endless; the caller decides how many eval batches to take. `vocab_size` is the model's embedding
+    Training is endless. Held-out TFRecords are read once, their last batch padded with zero-weight rows (see the
+    module's docstring); the synthetic source is endless for both. `vocab_size` is the model's embedding
     rows, which every id must stay below. Dynamic masking draws its random replacements from the tokenizer's
     vocabulary, [0, tokenizer_vocab_size) (default vocab_size): pass the real size where the model pads its
     vocabulary, so that no replacement is a padding row. With data.whole_word_mask it also needs
@@ -402,7 +437,63 @@ def make_iterator(data_config, *, split: str, batch_size: int, vocab_size: int, 
             whole_word_continuation=whole_word_continuation if whole_word_mask else None,
             vocab_size=tokenizer_vocab_size or vocab_size,
             packing=packing,
+            pad_final_batch=not training,
         )
         return TFRecordBatches(dataset, vocab_size=vocab_size, source=patterns)
     raise ValueError(f"unknown --config.data.source={data_config.source!r}; choose 'synthetic' or 'tfrecord'")
 
+
+# The config field that sets the length of each feature the records hold per sequence or per prediction.
+_LENGTH_FIELDS = {**dict.fromkeys(tfrecord.SEQUENCE_FEATURES, "max_seq_length"),
+                  **dict.fromkeys(tfrecord.PREDICTION_FEATURES, "max_predictions_per_seq")}
+
+
+def _first_record_lengths(path: str) -> dict[str, int]:
+    """{feature: length} of the first record of `path`; empty when it cannot be read (the layout check says why)."""
+    try:
+        record = next(iter(tf.data.TFRecordDataset(path).take(1).as_numpy_iterator()))
+        features = tf.train.Example.FromString(record).features.feature
+    except Exception:  # pylint: disable=broad-except
+        return {}
+    return {name: len(getattr(feature, feature.WhichOneof("kind")).value)
+            for name, feature in features.items() if feature.WhichOneof("kind")}
+
+
+def check_eval_files(data_config, *, mode: str = "train") -> list[str]:
+    """Checks the held-out files (data.eval_input_files) at start-up, as the training files are checked when their
+    input starts: they exist, hold one layout that data.masking can read, and the first one has the configured
+    max_seq_length / max_predictions_per_seq. Returns the files.
+
+    Training reads them only at its first evaluation, after train.eval_every steps; this finds a problem before the
+    first step. With mode="train" a length mismatch is fixed in the held-out files, never in the config (the
+    training data has the configured lengths); with mode="eval" either one may change.
+    """
+    flag = _EVAL_INPUT_FILES_FLAG
+    files = expand_globs(data_config.eval_input_files, flag=flag)
+    lengths = {"max_seq_length": data_config.max_seq_length,
+               "max_predictions_per_seq": data_config.max_predictions_per_seq}
+    try:
+        layout = tfrecord.check_record_layout(files[0], lengths["max_seq_length"], lengths["max_predictions_per_seq"])
+    except ValueError as error:
+        found = {}  # config field -> (feature, the file's length), from the first mismatching feature of each
+        file_lengths = _first_record_lengths(files[0])
+        for name, field in _LENGTH_FIELDS.items():
+            if name in file_lengths and file_lengths[name] != lengths[field]:
+                found.setdefault(field, (name, file_lengths[name]))
+        if not found:
+            raise
+        mismatches = "; ".join(f"feature {name!r} has length {length} but --config.data.{field}={lengths[field]}"
+                               for field, (name, length) in found.items())
+        configured = " and ".join(f"{field}={lengths[field]}" for field in found)
+        if mode == "eval":
+            files_lengths = " and ".join(f"--config.data.{field}={length}" for field, (_, length) in found.items())
+            fix = (f"set {files_lengths} to evaluate at the files' lengths, or point {flag} at held-out files made "
+                   f"with {configured}")
+        else:
+            fix = (f"held-out files must be made with the training's {configured}, the lengths of "
+                   f"{_INPUT_FILES_FLAG}: regenerate them with {configured}, or point {flag} at files that have "
+                   "them (changing the config's lengths instead would no longer fit the training data)")
+        raise ValueError(f"{files[0]} ({flag}): {mismatches}; {fix}") from error
+    tfrecord.check_one_layout(files, layout, flag)
+    _use_dynamic_masking(data_config.get("masking", "auto"), layout, flag)
+    return files

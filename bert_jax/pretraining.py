@@ -42,9 +42,9 @@ def evaluate(eval_step, params, batches: Iterator, batch_sharding, num_batches: 
         # share has run out feeds batches of weight 0 (its shard may hold a batch fewer than another's).
         if sharding_lib.all_processes_agree(local is None):
             break
-        sums = eval_step(params, sharding_lib.make_global_batch(local, batch_sharding))
         if local is None:
             local = batches.empty_batch()
+        sums = eval_step(params, sharding_lib.make_global_batch(local, batch_sharding))
         totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
         count += 1
     if totals is None:

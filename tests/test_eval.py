@@ -132,6 +132,19 @@ def test_processes_with_unequal_shares_evaluate_every_record_once(tmp_path, host
     _assert_same_metrics(sharded, one_process)
 
 
+def test_a_process_whose_share_ran_out_feeds_empty_batches(held_out, host_params, monkeypatch, caplog):
+    """pretraining.evaluate on a process whose 3 batches are done while another process has 2 more (what the
+    collective all_processes_agree would say): it steps on with 2 empty batches, and its numbers do not change."""
+    data = _config(held_out).data
+    reference = _evaluate(data, host_params, 8)
+    other_process_done = iter([False, False])  # asked only once this process has run out
+    monkeypatch.setattr(sharding_lib, "all_processes_agree", lambda ok: ok and next(other_process_done, True))
+    with caplog.at_level("INFO"):
+        waiting = _evaluate(data, host_params, 8)
+    assert "in 5 batches" in caplog.text and next(other_process_done, None) is None
+    _assert_same_metrics(waiting, reference)
+
+
 @pytest.mark.parametrize("lengths, feature, field, files_length", [
     ((64, 5), "input_ids", "max_seq_length", 64),
     ((32, 10), "masked_lm_positions", "max_predictions_per_seq", 10),

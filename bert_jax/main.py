@@ -64,7 +64,7 @@ def main(argv):
         if downstream:
             finetune.validate_config(config, jax.device_count(), jax.process_count(), mode=mode)
         else:
-            train.validate_config(config, jax.device_count(), jax.process_count())
+            train.validate_config(config, jax.device_count(), jax.process_count(), mode=mode)
     except (KeyError, AttributeError) as error:  # a field of the other recipe
         raise ValueError(f"--config has no field {error} for --mode={mode}: --mode=finetune/features take "
                          "configs/finetune.py, the other modes configs/pretrain.py") from None

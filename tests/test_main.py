@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from tests import helpers
+from tests._session import small_records, trained_run  # noqa: F401  (session fixtures)
 
 PRETRAIN = f"{helpers.ROOT}/configs/pretrain.py"
 # ml_collections' config_flags loads --config files with importlib's deprecated load_module(), here in this process.
@@ -252,3 +253,17 @@ def test_driver_prepares_the_data_then_logs_the_final_config_then_trains(tmp_pat
     driver.main(["bert_jax"])
     assert received["export"]["config"] == config
     assert any("reusing pretraining data" in record.getMessage() for record in caplog.records)
+
+
+def test_eval_mode_needs_only_the_held_out_files(tmp_path, caplog, driver_flags, trained_run, small_records):
+    """--mode=eval of a run's checkpoint with data.input_files empty: the held-out metrics the run logged."""
+    log = _main(driver_flags, caplog, f"--workdir={tmp_path}", f"--config={PRETRAIN}:size=tiny,data=tfrecord",
+                "--mode=eval", f"--checkpoint={trained_run['workdir']}/checkpoints", "--config.data.input_files=",
+                f"--config.data.eval_input_files={small_records['eval']}", "--config.train.eval_steps=100",
+                f"--config.model.vocab_size={helpers.TINY_VOCAB}", "--config.data.max_seq_length=32",
+                "--config.data.max_predictions_per_seq=5", "--config.model.max_position_embeddings=64",
+                "--config.train.batch_size=16", "--config.mesh.fsdp=2", "--config.mesh.tensor=2")
+    assert f"eval of {trained_run['workdir']}/checkpoints/4" in log
+    [line] = [json.loads(line) for line in (tmp_path / "eval_metrics.jsonl").read_text().splitlines()]
+    for name in ("eval_mlm_loss", "eval_mlm_accuracy", "eval_nsp_loss", "eval_records"):
+        assert line[name] == pytest.approx(trained_run["final"][name], rel=1e-6), name

@@ -15,12 +15,9 @@ import subprocess
 import sys
 import time
 
-import numpy as np
 import pytest
 
 from bert_jax import pretraining
-from bert_jax.data import instances
-from bert_jax.data import tfrecord
 from configs import pretrain
 from tests import helpers
 
@@ -39,28 +36,10 @@ SYNTHETIC_RUN = ["--config=configs/pretrain.py:size=tiny,data=synthetic", *COMMO
 
 
 def _tfrecord_run(records):
-    """Dropout on, dynamic masking over TFRecords (60 records: an epoch is 7 batches, re-shuffled every epoch):
-    resuming exactly needs the parameters, optimizer state, RNG and the tf.data iterator state all restored."""
+    """Dropout on, dynamic masking over unmasked TFRecords (60 records: an epoch is 7 batches, re-shuffled every
+    epoch): resuming exactly needs the parameters, optimizer state, RNG and the tf.data iterator state all restored."""
     return ["--config=configs/pretrain.py:size=tiny,data=tfrecord", *COMMON, f"--config.data.input_files={records}",
             "--config.data.masking=dynamic", "--config.data.shuffle_buffer=50", "--config.checkpoint.every_steps=3"]
-
-
-def _write_records(path, count=60, seed=0):
-    """`count` unmasked sentence pairs of 12-32 tokens, ids below the 512-row vocab, in the original TFRecord
-    layout ([CLS] = 101, [SEP] = 102, as the preset's data.special_ids)."""
-    rng = np.random.default_rng(seed)
-    writer = tfrecord.TFRecordWriter(str(path))
-    for _ in range(count):
-        length = int(rng.integers(12, 33))
-        first = int(rng.integers(4, length - 5))  # [CLS] A [SEP]: first tokens; B [SEP]: the rest
-        ids = rng.integers(104, 512, length).tolist()
-        ids[0], ids[first - 1], ids[-1] = 101, 102, 102
-        instance = instances.TrainingInstance(input_ids=ids, segment_ids=[0] * first + [1] * (length - first),
-                                              masked_lm_positions=None, masked_lm_ids=None,
-                                              next_sentence_label=int(rng.integers(2)))
-        writer.write(tfrecord.serialize_example(instance, max_seq_length=32, max_predictions_per_seq=5))
-    writer.close()
-    return str(path)
 
 
 # For the uninterrupted references: a checkpoint must not change the run, and saving only at the end is quicker.
@@ -154,7 +133,8 @@ def test_kill_9_then_sigterm_then_resume_gives_the_uninterrupted_losses_bit_for_
     driver that resumed from it, SIGTERM (sent twice), which saves the current step and exits 0; a third run (in
     this process: resuming needs no process boundary) finishes. Every step's losses equal the uninterrupted run's
     bit for bit."""
-    run = _tfrecord_run(_write_records(tmp_path / "train.tfrecord"))
+    run = _tfrecord_run(helpers.write_pretraining_records(tmp_path / "train.tfrecord", num_records=60, seed=0,
+                                                          masked=False))
     workdir = tmp_path / "run"
     logs = [tmp_path / f"run{index}.log" for index in range(2)]
 
@@ -181,7 +161,7 @@ def test_kill_9_then_sigterm_then_resume_gives_the_uninterrupted_losses_bit_for_
     assert saved in _checkpoint_steps(workdir)
 
     end = saved + 3
-    with caplog.at_level(logging.INFO):
+    with caplog.at_level(logging.INFO, logger="absl"):  # absl sets its own level from --verbosity
         pretraining.train_and_evaluate(_in_process_config([*run, f"--config.train.num_steps={end}"]), str(workdir))
     assert f"resumed from {workdir}/checkpoints/{saved} at step {saved} " in caplog.text
 
@@ -237,7 +217,7 @@ def test_two_processes_train_like_one_stop_together_on_sigterm_and_resume(tmp_pa
         for name in ("loss", "mlm_loss", "nsp_loss", "grad_norm"):
             assert got[step][name] == pytest.approx(expected[step][name], rel=1e-6, abs=0), (step, name)
 
-    with caplog.at_level(logging.INFO):
+    with caplog.at_level(logging.INFO, logger="absl"):  # absl sets its own level from --verbosity
         pretraining.train_and_evaluate(_in_process_config([*SYNTHETIC_RUN, f"--config.train.num_steps={end + 1}"]),
                                        str(pair))
     assert "written by a different number of processes" in caplog.text

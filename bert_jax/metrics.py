@@ -2,6 +2,7 @@
 
 import json
 import math
+import os
 
 import jax
 
@@ -51,16 +52,27 @@ def format_duration(seconds: float) -> str:
 
 
 class MetricWriter:
-    """Log lines, TensorBoard scalars and a metrics.jsonl in the workdir (local or gs://; process 0 only)."""
+    """Log lines, TensorBoard scalars and a metrics.jsonl in the workdir (local or gs://; process 0 only).
 
-    def __init__(self, workdir: str, tensorboard_subdir: str = "tensorboard", jsonl_name: str = "metrics.jsonl"):
+    `resume_step`: the step a run starts from (its checkpoint's, 0 from scratch). Records of later steps, written
+    by an earlier run that stopped before saving them, are dropped from both metrics.jsonl and the TensorBoard
+    event files, since this run logs those steps again: one record per step, whichever reader reads them back.
+    None (fine-tuning, --mode=eval) appends to what is there.
+    """
+
+    def __init__(self, workdir: str, tensorboard_subdir: str = "tensorboard", jsonl_name: str = "metrics.jsonl",
+                 resume_step: int | None = None):
         self.enabled = jax.process_index() == 0
         if self.enabled:
             from flax.metrics import tensorboard  # imported lazily: it pulls in TensorFlow's summary ops
             fileio.makedirs(workdir)
-            self._summary = tensorboard.SummaryWriter(fileio.join(workdir, tensorboard_subdir))
-            # Appended to, so a resumed run continues the file; a step logged twice keeps its last line.
-            self._jsonl = fileio.open_file(fileio.join(workdir, jsonl_name), "a")
+            jsonl_path = fileio.join(workdir, jsonl_name)
+            tensorboard_dir = fileio.join(workdir, tensorboard_subdir)
+            if resume_step is not None:
+                drop_jsonl_records_after(jsonl_path, resume_step)
+                drop_events_after(tensorboard_dir, resume_step)  # before this run's own event file exists
+            self._summary = tensorboard.SummaryWriter(tensorboard_dir)
+            self._jsonl = fileio.open_file(jsonl_path, "a")
 
     def write(self, step: int, scalars: dict[str, float]) -> None:
         if not self.enabled:
@@ -75,3 +87,80 @@ class MetricWriter:
         if self.enabled:
             self._summary.close()
             self._jsonl.close()
+
+
+_REWRITE_SUFFIX = ".rewrite-tmp"
+
+
+def _temporary(path: str) -> str:
+    # No "tfevents" in the name: TensorBoard reads every file whose name has it, and must not read a half-written one.
+    directory, name = path[:len(path) - len(os.path.basename(path))], os.path.basename(path)
+    return directory + name.replace("tfevents", "rewriting") + _REWRITE_SUFFIX
+
+
+def _replace(path: str, write_contents) -> None:
+    """Writes `path` anew through a temporary file renamed over it: a kill half-way leaves the old file whole."""
+    temporary = _temporary(path)
+    write_contents(temporary)
+    fileio.rename(temporary, path)
+
+
+def drop_jsonl_records_after(path: str, step: int) -> int:
+    """Rewrites the metrics.jsonl at `path` without the records of steps after `step`, and without a last line cut
+    short by a kill. Returns how many lines were dropped (the file is left untouched when none is)."""
+    if fileio.exists(_temporary(path)):
+        fileio.remove(_temporary(path))  # a rewrite that was killed before its rename
+    if not fileio.exists(path):
+        return 0
+    with fileio.open_file(path) as file:
+        lines = file.readlines()
+    kept = []
+    for line in lines:
+        try:
+            complete = line.endswith("\n") and int(json.loads(line)["step"]) <= step
+        except (ValueError, KeyError, TypeError):
+            complete = False  # not a whole record
+        if complete:
+            kept.append(line)
+    if len(kept) < len(lines):
+        def write(temporary):
+            with fileio.open_file(temporary, "w") as file:
+                file.writelines(kept)
+        _replace(path, write)
+    return len(lines) - len(kept)
+
+
+def drop_events_after(directory: str, step: int) -> int:
+    """Rewrites each TensorBoard event file in `directory` that holds events of steps after `step` (or a record
+    cut short by a kill) without them. Returns how many events were dropped.
+
+    Rewriting, rather than a SessionLog.START purge marker, leaves one event per tag and step for every reader:
+    TensorBoard, and tf.compat.v1.train.summary_iterator or tf.data, which apply no purge.
+    """
+    if not fileio.exists(directory):
+        return 0
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel  # only a resumed run with events gets here
+    dropped = 0
+    for path in fileio.glob(fileio.join(directory, "*")):
+        if path.endswith(_REWRITE_SUFFIX):
+            fileio.remove(path)  # a rewrite that was killed before its rename
+            continue
+        if "tfevents" not in os.path.basename(path):
+            continue
+        kept, later, cut = [], 0, False
+        try:
+            for record in tf.data.TFRecordDataset(path).as_numpy_iterator():
+                if tf.compat.v1.Event.FromString(record).step <= step:
+                    kept.append(record)
+                else:
+                    later += 1
+        except tf.errors.DataLossError:  # a last record cut short by a kill; the ones before it are whole
+            cut = True
+        if later or cut:
+            def write(temporary, records=kept):
+                with tf.io.TFRecordWriter(temporary) as writer:
+                    for record in records:
+                        writer.write(record)
+            _replace(path, write)
+            dropped += later
+    return dropped

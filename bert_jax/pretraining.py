@@ -199,7 +199,6 @@ def train_and_evaluate(config, workdir: str) -> dict[str, float]:
     run = _build(config, workdir, "train")
     data, train = config.data, config.train
     train_batches = run.make_iterator(split="train", seed=train.seed)
-    writer = metrics_lib.MetricWriter(workdir)
     flops_per_step = model_lib.model_flops_per_sequence(
         run.model_config, data.max_seq_length, data.max_predictions_per_seq) * train.batch_size
     peak = metrics_lib.peak_flops_per_device(jax.devices()[0], train.peak_flops_per_device) * jax.device_count()
@@ -207,6 +206,8 @@ def train_and_evaluate(config, workdir: str) -> dict[str, float]:
 
     with jax.set_mesh(run.mesh):
         state, state_shardings, step_rng, train_batches = _start_state(run, checkpointer, train_batches)
+        # Steps after the one resumed from are logged again below: their records from an interrupted run go.
+        writer = metrics_lib.MetricWriter(workdir, resume_step=int(state.step))
         num_params = sum(x.size for x in jax.tree.leaves(state.params))
         logging.info("model: %s, %s parameters", run.model_config, f"{num_params:,}")
         batch_sharding = sharding_lib.batch_sharding(run.mesh, run.rules)

@@ -24,7 +24,7 @@ from tests._session import small_records, trained_run  # noqa: F401  (session fi
 
 
 def _metrics(workdir, name="metrics.jsonl"):
-    """step -> logged values; a step logged twice (before a crash and after resuming) keeps its last line."""
+    """step -> logged values (a resumed run leaves one line per step)."""
     lines = [json.loads(line) for line in open(os.path.join(workdir, name))]
     return {line["step"]: line for line in lines}
 
@@ -119,9 +119,10 @@ def test_interrupted_run_resumes_exactly_and_skips_a_corrupt_checkpoint(tmp_path
     assert f"resumed from {run / 'checkpoints' / '4'} at step 4" in caplog.text
     assert os.path.isdir(run / "checkpoints" / "6.corrupt")  # kept for inspection, not deleted
     assert sorted(os.listdir(run / "checkpoints")) == ["2", "4", "6", "6.corrupt", "8"]
+    # Steps 5-8 ran twice; the resumed run replaced the first run's records of them.
     logged = [json.loads(line)["step"] for line in open(run / "metrics.jsonl", encoding="utf-8")]
-    assert logged == [*range(1, 9), *range(5, 9)]  # steps 5-8 ran twice
-    got = _metrics(run)  # the resumed run's lines for steps 5-8
+    assert logged == list(range(1, 9))
+    got = _metrics(run)
     for step in range(5, 9):
         for name in ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "grad_norm"):
             assert got[step][name] == expected[step][name], (step, name)

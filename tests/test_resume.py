@@ -15,11 +15,13 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from bert_jax import pretraining
 from configs import pretrain
 from tests import helpers
+from tests import test_metrics
 
 # The tiny preset at small shapes: compiled steps, steps and checkpoints (about 2 MB, 47 MB at the preset's vocab)
 # are cheap, and what resuming needs restored is all there. A schedule that does not depend on num_steps (constant
@@ -91,7 +93,7 @@ def _in_process_config(args):
 
 
 def _metrics(workdir):
-    """step -> logged values, the last line of each step winning (a killed run's steps are logged again)."""
+    """step -> logged values; read while a run writes (a last line not yet whole is skipped)."""
     path = os.path.join(workdir, "metrics.jsonl")
     if not os.path.exists(path):
         return {}
@@ -164,14 +166,23 @@ def test_kill_9_then_sigterm_then_resume_gives_the_uninterrupted_losses_bit_for_
     with caplog.at_level(logging.INFO, logger="absl"):  # absl sets its own level from --verbosity
         pretraining.train_and_evaluate(_in_process_config([*run, f"--config.train.num_steps={end}"]), str(workdir))
     assert f"resumed from {workdir}/checkpoints/{saved} at step {saved} " in caplog.text
+    assert "Metadata file does not exist" not in caplog.text
 
     reference = [*run, f"--config.train.num_steps={end}", *NO_PERIODIC_SAVES]
     pretraining.train_and_evaluate(_in_process_config(reference), str(tmp_path / "reference"))
+    # Each step once in metrics.jsonl, though the killed run logged steps past its last checkpoint: the resumed
+    # runs dropped those records and logged the steps again.
+    records = test_metrics.jsonl_records(workdir / "metrics.jsonl")
+    assert [record["step"] for record in records] == list(range(1, end + 1))
     expected, got = _metrics(tmp_path / "reference"), _metrics(workdir)
-    assert sorted(got) == sorted(expected) == list(range(1, end + 1))
+    assert sorted(expected) == list(range(1, end + 1))
     for step in range(1, end + 1):
         for name in LOSSES:
             assert got[step][name] == expected[step][name], (step, name)
+    # The same in the TensorBoard event files (one per run that wrote to the workdir), read back as written.
+    scalars = test_metrics.tensorboard_scalars(str(workdir / "tensorboard"))
+    for name in LOSSES:
+        assert scalars[name] == [(step, float(np.float32(got[step][name]))) for step in range(1, end + 1)], name
 
 
 @pytest.mark.slow

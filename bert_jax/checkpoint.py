@@ -10,10 +10,11 @@ Where a run starts from (`Checkpointer.restore_or_init` decides it, in this orde
    pretraining with a new recipe). Used only while the workdir has no checkpoint of its own.
 3. Otherwise from scratch: parameters initialised from `train.seed`.
 
-Saves are asynchronous: `save` blocks only while the arrays are copied to host memory; writing happens in the
-background, into a temporary directory that becomes the step directory only once complete (an atomic rename on
-local disks, a commit marker on GCS), so a half-written checkpoint is never restored. Restoring onto a different
-mesh or device count works: arrays are read into the shardings of the new state.
+Saves are asynchronous by default: `save` blocks only while the arrays are copied to host memory; writing happens
+in the background (checkpoint.async_save=False: in the foreground), into a temporary directory that becomes the
+step directory only once complete (an atomic rename on local disks, a commit marker on GCS), so a half-written
+checkpoint is never restored. Restoring onto a different mesh or device count works: arrays are read into the
+shardings of the new state.
 """
 
 import dataclasses
@@ -118,6 +119,7 @@ class Checkpointer:
                  async_save: bool = True):
         self.directory = directory
         self.every_steps = every_steps
+        self.async_save = async_save
         policies = [checkpoint_managers.LatestN(n=max_to_keep)]
         if keep_best:
             # Lowest eval loss; checkpoints saved without an evaluation are kept by recency alone.
@@ -140,7 +142,8 @@ class Checkpointer:
         return self.every_steps > 0 and step % self.every_steps == 0
 
     def save(self, step: int, state, rng: jax.Array, data_iterator, metrics: dict[str, float] | None = None) -> float:
-        """Starts saving; returns the seconds the caller was blocked (the host copy, and any previous save)."""
+        """Saves (asynchronously: starts saving) and logs which; returns the seconds the caller was blocked (the
+        whole write when synchronous; the host copy, and any previous save still in flight, when asynchronous)."""
         start = time.perf_counter()
         args = ocp.args.Composite(**{
             STATE_ITEM: ocp.args.StandardSave({"train_state": state, "rng": jax.random.key_data(rng)}),
@@ -150,7 +153,14 @@ class Checkpointer:
         if metrics and "eval_mlm_loss" in metrics:
             eval_loss = {"eval_loss": float(metrics["eval_mlm_loss"] + metrics["eval_nsp_loss"])}
         self.manager.save(step, args=args, metrics=eval_loss, force=True)
-        return time.perf_counter() - start
+        blocked = time.perf_counter() - start
+        if self.async_save:
+            logging.info("checkpoint: saving step %d to %s in the background (the loop waited %.3f s)", step,
+                         self.directory, blocked)
+        else:
+            logging.info("checkpoint: saved step %d to %s in %.3f s (checkpoint.async_save=False)", step,
+                         self.directory, blocked)
+        return blocked
 
     def wait(self) -> None:
         self.manager.wait_until_finished()
@@ -242,6 +252,26 @@ def step_directory(path: str) -> epath.Path | None:
 def is_checkpoint(path: str) -> bool:
     """True for one of our checkpoints: a step directory or a checkpoints directory with at least one step."""
     return step_directory(path) is not None
+
+
+def state_metadata(path: str) -> dict:
+    """The saved train state's tree of array metadata (shape, dtype, sharding), no array read: {"train_state":
+    {"params": ..., "opt_state": ...}, "rng": ...}. `path` is a step directory or a checkpoints directory (its
+    latest step).
+
+    Read through the item's handler. `PyTreeCheckpointer().metadata(STEP/state)` also looks for the step's own
+    metadata file inside the item directory, where Orbax never writes it, and warns "Metadata file does not exist"
+    on every call.
+    """
+    directory = step_directory(path)
+    if directory is None:
+        raise FileNotFoundError(f"{path} is neither a checkpoint step directory (no '{STATE_ITEM}' inside) nor "
+                                "a checkpoints directory with numbered steps")
+    handler = ocp.PyTreeCheckpointHandler()
+    try:
+        return handler.metadata(directory / STATE_ITEM).tree
+    finally:
+        handler.close()
 
 
 def restore_params(path: str, abstract_params, params_shardings):

@@ -271,9 +271,7 @@ def train_and_evaluate(config, workdir: str) -> dict[str, float]:
                 last_logged = dict(scalars, step=step)
                 window, timed_steps, window_start = [], 0, time.perf_counter()
             if save:
-                blocked = checkpointer.save(step, state, step_rng, train_batches, metrics=scalars)
-                logging.info("checkpoint: saving step %d to %s in the background (the loop waited %.3f s)", step,
-                             checkpointer.directory, blocked)
+                checkpointer.save(step, state, step_rng, train_batches, metrics=scalars)  # logs how it saved
             if stop:
                 checkpointer.wait()
                 logging.warning("SIGTERM received: saved a checkpoint at step %d in %s; stopping. Run the same "

@@ -6,6 +6,7 @@ import glob
 import json
 import logging
 import os
+import re
 import shutil
 
 import jax
@@ -126,6 +127,47 @@ def test_interrupted_run_resumes_exactly_and_skips_a_corrupt_checkpoint(tmp_path
     for step in range(5, 9):
         for name in ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "grad_norm"):
             assert got[step][name] == expected[step][name], (step, name)
+
+
+def test_saves_say_how_they_saved_and_a_restore_warns_of_nothing(tmp_path, caplog):
+    """An asynchronous save says it goes on in the background, a synchronous one that it is done and how long it
+    took; restoring them logs no warning (Orbax's "Metadata file does not exist" among them)."""
+    mesh = jax.make_mesh((8,), ("data",))
+    sharded = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    state = {"weights": jax.device_put(np.arange(16, dtype=np.float32), sharded)}
+    iterator = input_pipeline.synthetic_batches(batch_size=8, max_seq_length=32, max_predictions_per_seq=5,
+                                                vocab_size=512, seed=0)
+    directory = str(tmp_path / "checkpoints")
+    with caplog.at_level(logging.INFO, logger="absl"):  # absl sets its own level from --verbosity
+        for step, async_save in ((1, True), (2, False)):
+            next(iterator)
+            checkpointer = checkpoint_lib.Checkpointer(directory, every_steps=1, max_to_keep=2, async_save=async_save)
+            checkpointer.save(step, state, jax.random.key(step), iterator)
+            checkpointer.close()
+    where = re.escape(directory)
+    assert re.search(rf"checkpoint: saving step 1 to {where} in the background \(the loop waited \d+\.\d+ s\)",
+                     caplog.text)
+    assert re.search(rf"checkpoint: saved step 2 to {where} in \d+\.\d+ s \(checkpoint\.async_save=False\)",
+                     caplog.text)
+    assert "saving step 2" not in caplog.text and "saved step 1" not in caplog.text
+
+    caplog.clear()
+    fresh = input_pipeline.synthetic_batches(batch_size=8, max_seq_length=32, max_predictions_per_seq=5,
+                                             vocab_size=512, seed=0)
+    abstract = {"weights": jax.ShapeDtypeStruct((16,), np.float32)}
+    with caplog.at_level(logging.INFO, logger="absl"):
+        checkpointer = checkpoint_lib.Checkpointer(directory, every_steps=1, max_to_keep=2)
+        step, restored, rng = checkpointer.restore_latest(abstract, {"weights": sharded}, replicated, fresh)
+        checkpointer.close()
+        # What --config.init and fine-tuning read to check a checkpoint's shapes before restoring it.
+        metadata = checkpoint_lib.state_metadata(directory)
+    assert step == 2 and fresh.position == 2
+    np.testing.assert_array_equal(jax.device_get(restored["weights"]), np.arange(16, dtype=np.float32))
+    np.testing.assert_array_equal(jax.random.key_data(rng), jax.random.key_data(jax.random.key(2)))
+    assert metadata["train_state"]["weights"].shape == (16,) and metadata["rng"].shape == (2,)
+    assert "Metadata file does not exist" not in caplog.text
+    assert [record.getMessage() for record in caplog.records if record.levelno >= logging.WARNING] == []
 
 
 def test_eval_mode_and_init_from_another_run(trained_run, tmp_path):

@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import struct
 
 import jax
 
@@ -139,7 +140,6 @@ def drop_events_after(directory: str, step: int) -> int:
     """
     if not fileio.exists(directory):
         return 0
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel  # only a resumed run with events gets here
     dropped = 0
     for path in fileio.glob(fileio.join(directory, "*")):
         if path.endswith(_REWRITE_SUFFIX):
@@ -147,20 +147,36 @@ def drop_events_after(directory: str, step: int) -> int:
             continue
         if "tfevents" not in os.path.basename(path):
             continue
-        kept, later, cut = [], 0, False
-        try:
-            for record in tf.data.TFRecordDataset(path).as_numpy_iterator():
-                if tf.compat.v1.Event.FromString(record).step <= step:
-                    kept.append(record)
-                else:
-                    later += 1
-        except tf.errors.DataLossError:  # a last record cut short by a kill; the ones before it are whole
-            cut = True
-        if later or cut:
-            def write(temporary, records=kept):
-                with tf.io.TFRecordWriter(temporary) as writer:
-                    for record in records:
-                        writer.write(record)
+        records, cut = _event_records(path)
+        kept = [record for record_step, record in records if record_step <= step]
+        if cut or len(kept) < len(records):
+            def write(temporary, kept=kept):
+                with fileio.open_file(temporary, "wb") as file:
+                    file.write(b"".join(kept))
             _replace(path, write)
-            dropped += later
+            dropped += len(records) - len(kept)
     return dropped
+
+
+def _event_records(path: str) -> tuple[list[tuple[int, bytes]], bool]:
+    """(step, the record's bytes as framed on disk) of each whole record of an event file (TFRecord framing:
+    uint64 length, its CRC, the Event, the Event's CRC), and whether the file ends in a record cut short."""
+    from tensorboard.compat.proto import event_pb2  # pylint: disable=import-outside-toplevel
+    from google.protobuf import message  # pylint: disable=import-outside-toplevel
+    records = []
+    with fileio.open_file(path, "rb") as file:
+        while True:
+            header = file.read(12)
+            if not header:
+                return records, False
+            if len(header) < 12:
+                return records, True
+            length = struct.unpack("<Q", header[:8])[0]
+            body = file.read(length + 4)
+            if len(body) < length + 4:
+                return records, True
+            try:
+                event = event_pb2.Event.FromString(body[:length])
+            except message.DecodeError:  # not a record: the file is damaged from here on
+                return records, True
+            records.append((event.step, header + body))

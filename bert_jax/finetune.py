@@ -6,13 +6,15 @@ sharded over the config's mesh, the pure steps are jitted with explicit sharding
 axes. It reports train loss/accuracy and held-out accuracy to the log, WORKDIR/metrics.jsonl and TensorBoard, and
 saves the final parameters with Orbax to WORKDIR/finetuned/state (the layout of a pretraining checkpoint step, so
 `checkpoint.restore_params` and `--config.init` read it back on any mesh), beside labels.json (class names in id
-order) and model_config.json.
+order), model_config.json and the tokenizer.
 
 `extract_features(config, workdir)` writes one embedding per input text, in input order, to a .npy file.
 
 Both start from `config.init`: a bert_jax checkpoint (pretraining or fine-tuned) or, through
-`bert_jax.pretrained.load_pretrained`, a HuggingFace / original-TF checkpoint. Only the encoder and pooler are read
-(their names are shared with BertForPreTraining, see bert_jax.model); the classifier always starts fresh.
+`bert_jax.pretrained.load_pretrained`, a HuggingFace / original-TF checkpoint or a Flax export, whose architecture
+(and tokenizer, unless data.vocab_file is set) they take: see `pretrained.resolve_init_architecture`. Only the
+encoder and pooler are read (their names are shared with BertForPreTraining, see bert_jax.model); the classifier
+always starts fresh.
 Examples are held in memory as numpy arrays (GLUE-sized data fits easily) and every process reads them all,
 then feeds its own rows of each global batch.
 """
@@ -41,6 +43,7 @@ from bert_jax import fileio
 from bert_jax import metrics as metrics_lib
 from bert_jax import model as model_lib
 from bert_jax import optim
+from bert_jax import pretrained
 from bert_jax import sharding as sharding_lib
 from bert_jax.data import tokenization
 from bert_jax.train import NonFiniteLossError, TrainState, apply_gradients, jit_train_step
@@ -119,24 +122,14 @@ class ModelSource:
 
 
 def resolve_model(config) -> ModelSource:
-    """The model config: config.model, or a foreign checkpoint's architecture (with our dtype and dropout)."""
-    own = model_lib.BertConfig.from_config(config.model)
+    """The model to build: config.model with --config.init's architecture (pretrained.resolve_init_architecture)
+    and, for a HuggingFace / original-TF / Flax-export init, its parameters on the host."""
+    config = pretrained.resolve_init_architecture(config)
+    model_config = model_lib.BertConfig.from_config(config.model)
     if not config.init or checkpoint_lib.is_checkpoint(config.init):
-        return ModelSource(own, None, config.init or "scratch")
-    try:
-        from bert_jax.pretrained import load_pretrained  # pylint: disable=import-outside-toplevel
-    except ImportError as error:
-        if not fileio.exists(config.init):
-            raise FileNotFoundError(f"--config.init={config.init!r} does not exist") from None
-        raise ValueError(f"--config.init={config.init!r} is not a bert_jax checkpoint (no "
-                         f"'{checkpoint_lib.STATE_ITEM}' directory or numbered steps), and HuggingFace / original-TF "
-                         f"import is unavailable: bert_jax.pretrained.load_pretrained could not be imported ({error}). "
-                         "Fix: point --config.init at a bert_jax checkpoint, or install the export dependencies"
-                         ) from error
-    foreign_config, params, report = load_pretrained(config.init)
+        return ModelSource(model_config, None, config.init or "scratch")
+    _, params, report = pretrained.load_pretrained(config.init)
     logging.info("read %s with bert_jax.pretrained: %s", config.init, report)
-    model_config = dataclasses.replace(foreign_config, dtype=own.dtype, dropout_rate=own.dropout_rate,
-                                       attention_dropout_rate=own.attention_dropout_rate).validate()
     return ModelSource(model_config, params, config.init)
 
 
@@ -189,8 +182,7 @@ def load_params(config, model: nn.Module, source: ModelSource, mesh, rules, rng)
 def _check_checkpoint_fits(path: str, abstract) -> None:
     """Names the first parameter the bert_jax checkpoint lacks or holds in another shape, before reading any."""
     directory = checkpoint_lib.step_directory(path)  # a checkpoints directory: its latest complete step
-    saved = ocp.PyTreeCheckpointer().metadata(directory / checkpoint_lib.STATE_ITEM)
-    saved = getattr(saved, "item_metadata", saved)["train_state"]["params"]
+    saved = checkpoint_lib.state_metadata(str(directory))["train_state"]["params"]
     fix = "Fix: set --config.model.* to the architecture the checkpoint was trained with"
     for key_path, leaf in jax.tree_util.tree_leaves_with_path(abstract):
         name = ".".join(str(key.key) for key in key_path)
@@ -288,6 +280,8 @@ def make_features_step(model: nn.Module, rules, pooling: str):
 # The jobs.
 
 def _setup(config, mode: str):
+    """(config with --config.init's architecture and tokenizer, tokenizer, ModelSource, mesh, rules)."""
+    config = pretrained.resolve_init_architecture(config)
     validate_config(config, jax.device_count(), jax.process_count(), mode)
     tokenizer = tokenization.load_tokenizer(config.data.vocab_file, do_lower_case=config.data.do_lower_case)
     source = resolve_model(config)
@@ -296,7 +290,7 @@ def _setup(config, mode: str):
     rules = sharding_lib.logical_rules(config.mesh)
     logging.info("mesh %s over %d devices, %d processes; model %s; init from %s", dict(mesh.shape),
                  jax.device_count(), jax.process_count(), source.model_config, source.description)
-    return tokenizer, source, mesh, rules
+    return config, tokenizer, source, mesh, rules
 
 
 def _evaluate(eval_step, params, encoded, labels, batch_size, batch_sharding, rows) -> dict[str, float]:
@@ -312,7 +306,7 @@ def _evaluate(eval_step, params, encoded, labels, batch_size, batch_sharding, ro
 
 def finetune(config, workdir: str) -> dict[str, float]:
     """Fine-tunes a classifier as `config` describes; returns the last logged metrics (with eval_accuracy)."""
-    tokenizer, source, mesh, rules = _setup(config, "finetune")
+    config, tokenizer, source, mesh, rules = _setup(config, "finetune")
     data, train = config.data, config.train
     train_examples = finetune_data.read_examples(data.train_file, data)
     names = finetune_data.label_names(train_examples, data)
@@ -335,7 +329,8 @@ def finetune(config, workdir: str) -> dict[str, float]:
     if jax.process_index() == 0:
         fileio.makedirs(output_dir)
         _write_json(fileio.join(output_dir, LABELS_FILE), names)
-        _write_json(fileio.join(output_dir, "model_config.json"), dataclasses.asdict(source.model_config))
+        _write_json(fileio.join(output_dir, pretrained.RUN_MODEL_CONFIG), dataclasses.asdict(source.model_config))
+        tokenizer.save(output_dir)  # so that --config.init=WORKDIR/finetuned finds its vocabulary
 
     init_rng, dropout_rng = jax.random.split(jax.random.key(train.seed))
     with jax.set_mesh(mesh):
@@ -387,7 +382,7 @@ def finetune(config, workdir: str) -> dict[str, float]:
 
 def extract_features(config, workdir: str) -> str:
     """Writes one embedding per text of features.input_file, in input order, to a .npy; returns its path."""
-    tokenizer, source, mesh, rules = _setup(config, "features")
+    config, tokenizer, source, mesh, rules = _setup(config, "features")
     examples = finetune_data.read_examples(config.features.input_file, config.data, with_labels=False,
                                            field="features.input_file")
     encoded = finetune_data.encode_examples(tokenizer, examples, config.data.max_seq_length)

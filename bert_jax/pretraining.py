@@ -23,6 +23,7 @@ from bert_jax import fileio
 from bert_jax import metrics as metrics_lib
 from bert_jax import model as model_lib
 from bert_jax import optim
+from bert_jax import pretrained
 from bert_jax import sharding as sharding_lib
 from bert_jax.train import (NonFiniteLossError, abstract_train_state, create_train_state, jit_eval_step,
                             jit_train_step, make_eval_step, make_train_step, validate_config)
@@ -144,23 +145,13 @@ def _start_state(run: _Run, checkpointer, train_batches):
     return state, shardings, step_rng, train_batches
 
 
-# Architecture fields an imported checkpoint must agree on with config.model (vocab_size may be padded up).
-_ARCHITECTURE_FIELDS = ("hidden_size", "num_layers", "num_heads", "intermediate_size", "max_position_embeddings",
-                        "type_vocab_size", "hidden_act")
-
-
 def _init_params(path: str, model_config: model_lib.BertConfig, abstract_params, params_shardings):
     """Parameters for --config.init: one of our checkpoints, or a HuggingFace / original Google / Flax export
-    (bert_jax.pretrained.load_pretrained: heads missing there are initialised and reported)."""
+    (bert_jax.pretrained.load_pretrained: heads missing there are initialised and reported). `model_config` has
+    the checkpoint's architecture (train_and_evaluate resolved it); the vocabulary may be padded."""
     if checkpoint_lib.is_checkpoint(path):
         return checkpoint_lib.restore_params(path, abstract_params, params_shardings)
-    from bert_jax import pretrained  # pylint: disable=import-outside-toplevel
-    imported, params, report = pretrained.load_pretrained(path, vocab_size=model_config.vocab_size)
-    for field in _ARCHITECTURE_FIELDS:
-        if getattr(imported, field) != getattr(model_config, field):
-            raise ValueError(f"--config.init={path} has {field}={getattr(imported, field)!r} but "
-                             f"--config.model.{field}={getattr(model_config, field)!r}; set "
-                             f"--config.model.{field}={getattr(imported, field)!r}")
+    _, params, report = pretrained.load_pretrained(path, vocab_size=model_config.vocab_size)
     for note in report.notes:
         logging.info("--config.init: %s", note)
     if report.initialized:
@@ -196,7 +187,9 @@ def train_and_evaluate(config, workdir: str) -> dict[str, float]:
 
     On SIGTERM it saves a checkpoint at the current step and returns early, with "preempted_at_step" set.
     """
+    config = pretrained.resolve_init_architecture(config)  # --config.init's architecture, if one is set
     run = _build(config, workdir, "train")
+    pretrained.write_run_model_config(workdir, run.model_config)  # what a later --config.init of this run reads
     data, train = config.data, config.train
     train_batches = run.make_iterator(split="train", seed=train.seed)
     flops_per_step = model_lib.model_flops_per_sequence(

@@ -47,11 +47,13 @@ def get_config(arg=None):
     options = _parse_arg(arg)
     config = ml_collections.ConfigDict()
 
-    # The preset's architecture, as in configs/pretrain.py. With a HuggingFace / original-TF config.init, the
-    # architecture is the checkpoint's (only model.dtype and the dropout rates are taken from here; dropout_rate also
-    # applies to the pooled vector before the classifier, and initializer_range to the classifier's weights); with a
-    # bert_jax checkpoint it must match these fields.
+    # The preset's architecture, as in configs/pretrain.py. With config.init set, the architecture is the checkpoint's
+    # (any format: a bert_jax run or fine-tuned directory, HuggingFace, original TF, a Flax export); from here come
+    # model.dtype, the dropout rates (dropout_rate also applies to the pooled vector before the classifier) and
+    # initializer_range (the classifier's weights). A field set explicitly (given on the command line, or differing
+    # from the preset's value) must agree with the checkpoint; the run stops naming every one that does not.
     config.model = model_config(options["size"])
+    config.model_preset = options["size"]  # the preset config.model was filled from (see above)
 
     config.mesh = mesh_config()  # as in configs/pretrain.py
 
@@ -81,7 +83,9 @@ def get_config(arg=None):
     # when all are integers). The map is logged and saved to WORKDIR/finetuned/labels.json.
     data.label_names = ""
     data.max_seq_length = 128  # [CLS] a [SEP] b [SEP] padded/truncated to this length (the longer text is cut first)
-    data.vocab_file = ""  # WordPiece vocab.txt, SentencePiece .model or tokenizer directory (required)
+    # WordPiece vocab.txt, SentencePiece .model or tokenizer directory; empty: config.init's tokenizer where it has
+    # one (a HuggingFace or original vocab.txt, a Flax export's or fine-tuned directory's, a corpus run's)
+    data.vocab_file = ""
     data.do_lower_case = True  # lower-case before tokenising; must match how the model was pretrained
     data.tfds_data_dir = ""  # where prepared TFDS datasets live; empty: $TFDS_DATA_DIR or ~/tensorflow_datasets
 
@@ -95,7 +99,8 @@ def get_config(arg=None):
 
     # Parameters to start from: a bert_jax pretraining checkpoint (step directory or checkpoints directory), a
     # fine-tuned WORKDIR/finetuned directory, or a HuggingFace / original-TF BERT checkpoint (via bert_jax.pretrained).
-    # Only the encoder and pooler are read; the classifier always starts fresh. Empty: from scratch.
+    # Only the encoder and pooler are read; the classifier always starts fresh. Its architecture is taken (see
+    # config.model above). Empty: from scratch.
     config.init = ""
 
     config.features = features = ml_collections.ConfigDict()

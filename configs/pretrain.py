@@ -96,6 +96,12 @@ def get_config(arg=None):
     config = ml_collections.ConfigDict()
 
     config.model = model = model_config(options["size"])
+    # The preset config.model was filled from. With config.init set, the checkpoint's architecture replaces the
+    # preset's (model.vocab_size, hidden_size, num_layers, num_heads, intermediate_size, hidden_act,
+    # max_position_embeddings, type_vocab_size, layer_norm_eps; see bert_jax.pretrained.resolve_init_architecture).
+    # A field set explicitly (given on the command line, or differing from this preset's value) must agree with the
+    # checkpoint; the run stops naming every one that does not.
+    config.model_preset = options["size"]
     # "auto" | "xla" | "cudnn" | "pallas" | "reference". auto: cuDNN flash attention on GPU (bfloat16), Pallas splash
     # attention on TPU, the reference einsum path on CPU (faster there than XLA's dot_product_attention); an
     # unsupported kernel falls back to "xla" (jax.nn.dot_product_attention), logging why.
@@ -170,8 +176,10 @@ def get_config(arg=None):
     ckpt.max_to_keep = 3  # most recent checkpoints kept
     ckpt.keep_best = False  # also keep the checkpoint with the lowest eval loss (needs evaluation data)
     ckpt.async_save = True  # write in the background; the loop waits only for the copy to host memory
-    # Parameters to start from when the workdir has no checkpoint: a step directory or checkpoints directory of
-    # another run (optimizer, step and data start afresh). Empty: initialise from train.seed.
+    # Parameters to start from when the workdir has no checkpoint (optimizer, step and data start afresh): a step
+    # directory or checkpoints directory of another run, a HuggingFace model directory, an original TF checkpoint or
+    # a Flax export. Its architecture is taken (see model_preset), and its tokenizer when data.vocab_file is empty;
+    # an imported vocabulary is padded to a multiple of 128 rows. Empty: initialise from train.seed.
     config.init = ""
 
     if options["size"] == "tiny":

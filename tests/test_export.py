@@ -448,3 +448,18 @@ def test_unsupported_fields_and_formats_are_named(hf_dir, tmp_path):
                                          r"BertConfig implies \(64,\)"):
         export.export_hf(export.init_params(config), dataclasses.replace(config, intermediate_size=64),
                          str(tmp_path / "out"))
+
+
+def test_an_inconsistent_config_names_the_file_not_a_flag(hf_dir, tmp_path):
+    _edit_config(hf_dir, hidden_size=256, num_attention_heads=12)  # 12 heads cannot split 256
+    with pytest.raises(ValueError, match=rf"{hf_dir / 'config.json'} is not a consistent BERT config: "
+                                         r"num_attention_heads=12 does not divide hidden_size=256\. Fix") as error:
+        pretrained.load_pretrained(str(hf_dir))
+    assert "--config" not in str(error.value)  # no flag of ours was set
+    config = _config(layers=1, hidden=32, heads=2)
+    export.export_flax(export.init_params(config), config, str(tmp_path / "flax"))
+    path = tmp_path / "flax" / export.FLAX_CONFIG
+    path.write_text(json.dumps(dict(json.loads(path.read_text()), num_heads=5)))
+    with pytest.raises(ValueError, match=rf"{path} is not a consistent BERT config: num_heads=5 does not divide "
+                                         r"hidden_size=32"):
+        pretrained.load_pretrained(str(tmp_path / "flax"))

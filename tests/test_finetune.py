@@ -2,11 +2,10 @@
 mask-aware pooling, and errors that name the problem."""
 
 import csv
+import dataclasses
 import json
 import os
 import socket
-import sys
-import types
 
 import flax.linen as nn
 import jax
@@ -14,9 +13,11 @@ import numpy as np
 import pytest
 
 from bert_jax import checkpoint as checkpoint_lib
+from bert_jax import export
 from bert_jax import finetune
 from bert_jax import model as model_lib
 from bert_jax import optim
+from bert_jax import pretrained as pretrained_lib
 from bert_jax import sharding as sharding_lib
 from bert_jax import train
 from bert_jax.data import finetune_data
@@ -175,9 +176,10 @@ def test_labels_map_to_ids_in_a_stable_documented_order(task):
 
 
 @pytest.fixture(scope="module")
-def pretrained(trained_run):
-    """tests/_session.py's tiny pretraining run (4 steps on a 2x2x2 mesh): its checkpoints directory, and its
-    parameters read back as pretraining parameters on one device."""
+def pretrained(trained_run, task, tmp_path_factory):
+    """tests/_session.py's tiny pretraining run (4 steps on a 2x2x2 mesh): its checkpoints directory, its
+    parameters read back as pretraining parameters on one device, and a vocabulary that fits its 512 rows (the
+    task's words, then unused entries up to 500: a vocabulary padded to 512)."""
     config = trained_run["config"]()
     path = os.path.join(trained_run["workdir"], "checkpoints")
     model = model_lib.BertForPreTraining(model_lib.BertConfig.from_config(config.model))
@@ -188,7 +190,15 @@ def pretrained(trained_run):
     with jax.set_mesh(mesh):
         abstract, shardings, _ = train.abstract_train_state(model, tx, mesh, rules, 32, 5)
         params, _ = checkpoint_lib.restore_params(path, abstract.params, shardings.params)
-    return {"path": path, "params": jax.device_get(params), "config": config}
+    vocab = _vocab_of_size(task["vocab"], 500, str(tmp_path_factory.mktemp("vocab_500")))
+    return {"path": path, "params": jax.device_get(params), "config": config, "vocab": vocab}
+
+
+def _vocab_of_size(vocab, entries, output_dir):
+    """`vocab`'s words (ids unchanged), then [unusedN] entries up to `entries`, saved to `output_dir`."""
+    words = tokenization.load_tokenizer(vocab).vocab_words
+    words = list(words) + [f"[unused{i}]" for i in range(entries - len(words))]
+    return tokenization.WordPieceTokenizer(words, do_lower_case=True).save(output_dir)
 
 
 def _from_pretrained(task, pretrained, mesh_shape=(-1, 1, 1)):
@@ -196,6 +206,7 @@ def _from_pretrained(task, pretrained, mesh_shape=(-1, 1, 1)):
     for key in ("vocab_size", "max_position_embeddings", "dropout_rate", "attention_dropout_rate"):
         config.model[key] = pretrained["config"].model[key]
     config.init = pretrained["path"]
+    config.data.vocab_file = pretrained["vocab"]
     return config
 
 
@@ -219,32 +230,30 @@ def test_init_from_a_pretraining_checkpoint_loads_the_encoder_exactly(task, pret
     assert kernel.shape == (128, 3) and 0.014 < kernel.std() < 0.02 and np.abs(kernel).max() <= 0.04 + 1e-6
     np.testing.assert_array_equal(params["classifier"]["bias"], 0.0)
 
-    config.model.intermediate_size = 256  # not the checkpoint's architecture: named before anything is read
-    model = model_lib.BertForSequenceClassification(finetune.resolve_model(config).model_config, 3)
+    config.model.intermediate_size = 256  # set, and not the checkpoint's: named before anything is built
+    with pytest.raises(ValueError, match=r"checkpoints \(.*model_config\.json\) has intermediate_size=512 but "
+                                         r"--config\.model\.intermediate_size=256\. Fix"):
+        finetune.resolve_model(config)
+    # A model built past that check is refused before any array is read, naming the parameter.
+    model = model_lib.BertForSequenceClassification(dataclasses.replace(source.model_config, intermediate_size=256), 3)
     with jax.set_mesh(mesh), pytest.raises(ValueError, match=r"layer_0.intermediate.bias has shape \(512,\) in "
                                                              r".*checkpoints/4 but \(256,\).*config.model"):
         finetune.load_params(config, model, source, mesh, rules, jax.random.key(7))
 
 
-def test_init_from_a_foreign_checkpoint_takes_its_architecture_and_weights(task, tmp_path, monkeypatch):
-    # bert_jax.pretrained.load_pretrained (HuggingFace / original TF) stood in for by a fake: the contract is
-    # (BertConfig, BertForPreTraining-shaped host params, report).
-    foreign = model_lib.BertConfig(vocab_size=256, hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128,
+def test_init_from_a_flax_export_takes_its_architecture_and_weights(task, tmp_path, monkeypatch):
+    rows = tokenization.padded_vocab_size(task["vocab_size"])  # the task's vocabulary fits the export's rows
+    foreign = model_lib.BertConfig(vocab_size=rows, hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128,
                                    max_position_embeddings=32, dropout_rate=0.3)
     ids = np.zeros((1, 8), np.int32)
     weights = jax.tree.map(np.asarray, nn.meta.unbox(jax.jit(model_lib.BertForPreTraining(foreign).init)(
         jax.random.key(3), ids, ids, ids, np.zeros((1, 1), np.int32)))["params"])  # jitted: one compilation
-    served = {"params": weights}
-    fake = types.ModuleType("bert_jax.pretrained")
-    fake.load_pretrained = lambda path: (foreign, served["params"], f"fake import of {path}")
-    monkeypatch.setitem(sys.modules, "bert_jax.pretrained", fake)
-    hf_dir = tmp_path / "hf_model"
-    hf_dir.mkdir()
-    (hf_dir / "config.json").write_text("{}")
     config = _config(task, mesh_shape=(2, 2, 2))
-    config.init = str(hf_dir)
+    config.model.update(vocab_size=30522, max_position_embeddings=512)  # the tiny preset's: the export's are taken
+    config.init = export.export_flax(weights, foreign, str(tmp_path / "flax"))
     source = finetune.resolve_model(config)
-    assert source.model_config.hidden_size == 64 and source.model_config.vocab_size == 256
+    assert (source.model_config.hidden_size, source.model_config.vocab_size,
+            source.model_config.max_position_embeddings) == (64, rows, 32)
     assert source.model_config.dropout_rate == config.model.dropout_rate == 0.1  # dropout is this config's
     model = model_lib.BertForSequenceClassification(source.model_config, 2)
     mesh = sharding_lib.create_mesh(config.mesh)
@@ -256,6 +265,9 @@ def test_init_from_a_foreign_checkpoint_takes_its_architecture_and_weights(task,
                 np.testing.assert_array_equal(np.asarray(got), want)
         assert np.asarray(params["classifier"]["kernel"]).shape == (64, 2)
 
+        # What an encoder-only import serves: no pooler (it starts fresh), or a layer short (refused).
+        served = {}
+        monkeypatch.setattr(pretrained_lib, "load_pretrained", lambda path: (foreign, served["params"], "import"))
         served["params"] = {name: value for name, value in weights.items() if name != "pooler"}
         params, _ = finetune.load_params(config, model, finetune.resolve_model(config), mesh, rules,
                                          jax.random.key(0))
@@ -263,11 +275,6 @@ def test_init_from_a_foreign_checkpoint_takes_its_architecture_and_weights(task,
         served["params"] = {name: value for name, value in weights.items() if name != "layer_1"}
         with pytest.raises(ValueError, match=r"the converted checkpoint lacks \['layer_1'\]"):
             finetune.load_params(config, model, finetune.resolve_model(config), mesh, rules, jax.random.key(0))
-
-    monkeypatch.setitem(sys.modules, "bert_jax.pretrained", None)  # the import fails
-    with pytest.raises(ValueError, match=r"not a bert_jax checkpoint.*bert_jax.pretrained.load_pretrained could not "
-                                         r"be imported"):
-        finetune.resolve_model(config)
 
 
 def _write_lines(path, texts):
@@ -433,3 +440,4 @@ def test_mean_features_of_all_minilm_l6_v2_equal_sentence_transformers_recipe(tm
     mask = inputs["attention_mask"].unsqueeze(-1).float()
     expected = ((hidden * mask).sum(1) / mask.sum(1)).numpy()
     np.testing.assert_allclose(features, expected, rtol=1e-4, atol=1e-5)
+

@@ -18,12 +18,16 @@ def jsonl_records(path):
 def tensorboard_scalars(directory):
     """tag -> [(step, value), ...] of every scalar event in `directory`'s event files, in the order written.
 
-    Read with tf.compat.v1.train.summary_iterator, which (unlike TensorBoard) drops nothing: a step written twice
-    shows twice."""
+    Read with tf.compat.v1.train.summary_iterator, which applies no purge: a step written twice shows twice."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    files = [list(tf.compat.v1.train.summary_iterator(path))
+             for path in glob.glob(os.path.join(directory, "*tfevents*"))]
     scalars = {}
-    for path in sorted(glob.glob(os.path.join(directory, "*tfevents*"))):
-        for event in tf.compat.v1.train.summary_iterator(path):
+    # Oldest file first, by the time of its first summary (the file_version event's is in whole seconds): names
+    # sort badly when two writers of one process share a second (...vm.123.9.v2 after ...vm.123.10.v2).
+    for events in sorted(files, key=lambda events: min([event.wall_time for event in events if event.summary.value]
+                                                       or [0.0])):
+        for event in events:
             for value in event.summary.value:
                 scalars.setdefault(value.tag, []).append((event.step, float(tf.make_ndarray(value.tensor))))
     return scalars
@@ -67,7 +71,7 @@ def test_a_resumed_run_leaves_one_record_per_step(tmp_path):
     from tensorboard.util import tensor_util  # pylint: disable=import-outside-toplevel
     accumulator = event_accumulator.EventAccumulator(str(tmp_path / "tensorboard"))
     accumulator.Reload()
-    points = accumulator.Tensors("loss")
+    points = sorted(accumulator.Tensors("loss"), key=lambda point: point.step)  # files in name order: see above
     assert [point.step for point in points] == [1, 2, 3, 4, 5, 6]
     assert [float(tensor_util.make_ndarray(point.tensor_proto)) for point in points] == expected
 

@@ -44,7 +44,8 @@ def log_line(step: int, num_steps: int, scalars: dict[str, float], steps_per_sec
         eta = format_duration((num_steps - step) / steps_per_second)
         line += (f" | {scalars['sequences_per_second']:.1f} seq/s {scalars['tokens_per_second']:.0f} tok/s"
                  f" | MFU {mfu} | ETA {eta}")
-    return line + "".join(f" | {k} {v:.4f}" for k, v in scalars.items() if k.startswith("eval_"))
+    return line + "".join(f" | {k} {v:.4f}" if k != "eval_records" else f" | {k} {v:.0f}"
+                          for k, v in scalars.items() if k.startswith("eval_"))
 
 
 def format_duration(seconds: float) -> str:

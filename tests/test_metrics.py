@@ -102,3 +102,11 @@ def test_only_process_0_writes_or_drops(tmp_path, monkeypatch):
     _write(tmp_path, range(2, 5), offset=0.5, resume_step=1)
     assert [record["step"] for record in jsonl_records(tmp_path / "metrics.jsonl")] == [1, 2, 3]
     assert [step for step, _ in tensorboard_scalars(str(tmp_path / "tensorboard"))["loss"]] == [1, 2, 3]
+
+
+def test_log_line_shows_a_small_learning_rate_and_the_record_count():
+    scalars = {"loss": 7.5, "mlm_loss": 6.8, "nsp_loss": 0.7, "mlm_accuracy": 0.1, "nsp_accuracy": 0.5,
+               "grad_norm": 1.25, "learning_rate": 2e-5, "eval_mlm_loss": 6.5, "eval_records": 1517.0}
+    line = metrics_lib.log_line(10, 20, scalars, steps_per_second=0.0)
+    assert line == ("step 10/20 | loss 7.5000 mlm 6.8000 nsp 0.7000 | mlm_acc 0.1000 nsp_acc 0.5000 | grad_norm 1.250 "
+                    "lr 2e-05 | eval_mlm_loss 6.5000 | eval_records 1517")

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from pydoc_data.topics import topics
 
+from bert_jax.data import basic_tokenizer
 from bert_jax.data import tokenization
 from bert_jax.data.tokenization import SPECIAL_TOKENS, load_tokenizer, padded_vocab_size
 from tests import reference_tokenization as reference
@@ -136,7 +137,7 @@ def _sweep_text(code_points):
 def _words(tokenizer, text):
     """The words our backend hands to WordPiece: what the original's BasicTokenizer returns."""
     backend = tokenizer._backend
-    normalized = backend.normalizer.normalize_str(tokenization._prepare_text(text, tokenizer.do_lower_case))
+    normalized = backend.normalizer.normalize_str(basic_tokenizer.prepare_text(text, tokenizer.do_lower_case))
     return [word for word, _ in backend.pre_tokenizer.pre_tokenize_str(normalized)]
 
 

@@ -15,22 +15,19 @@ here). This module leaves the variable alone: the right value depends on whether
 from __future__ import annotations
 
 import collections
-import functools
 import json
 import os
 import posixpath
-import re
 import tempfile
-import unicodedata
 from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 import sentencepiece
-import tokenizers
 from sentencepiece import sentencepiece_model_pb2
-from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import decoders, models, trainers
 
 from bert_jax import fileio
+from bert_jax.data import basic_tokenizer
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 CONFIG_FILE = "tokenizer_config.json"
@@ -152,93 +149,6 @@ def _rebuild(cls, payload, do_lower_case: bool, source: str) -> Tokenizer:
 # The original BasicTokenizer cleans the text (drops U+0000, U+FFFD and categories Cc/Cf other than \t \n \r), puts
 # spaces around CJK ideographs, splits on whitespace, lower-cases each word with str.lower() and strips accents (NFD,
 # then drops category Mn) when asked to, and splits punctuation (ASCII symbols and categories P*) off. HF's
-# BertNormalizer / BertPreTokenizer do the same steps with Rust tables of other Unicode versions, a clean-up that also
-# drops private-use and unassigned characters, a CJK range that misses U+2B820..U+2B91F and a per-character
-# lower-casing without the Greek final sigma. So here Python does what must follow its own rules and is fast in C
-# (str.lower, unicodedata.normalize), and the Rust side gets every character class as explicit code-point ranges
-# computed from this Python's unicodedata, the tables the original reads.
-
-_CJK_RANGES = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F), (0x2B740, 0x2B81F),
-               (0x2B820, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F))
-_ASCII_PUNCTUATION_RANGES = ((33, 47), (58, 64), (91, 96), (123, 126))
-_CATEGORIES = ("Lu Ll Lt Lm Lo Mn Mc Me Nd Nl No Pc Pd Ps Pe Pi Pf Po Sm Sc Sk So Zs Zl Zp Cc Cf Cs Co Cn").split()
-_CATEGORY_LETTER = {category: chr(0x100 + index) for index, category in enumerate(_CATEGORIES)}
-
-
-@functools.lru_cache(maxsize=None)
-def _char_classes() -> dict[str, tuple[tuple[int, int], ...]]:
-    """The original BasicTokenizer's character tests as sorted (first, last) code-point ranges, per this Python."""
-    everything = "".join(map(chr, range(0x110000)))
-    # One letter per code point naming its category, so regexes find the runs of a class at C speed.
-    categories = "".join(map(_CATEGORY_LETTER.__getitem__, map(unicodedata.category, everything)))
-
-    def mask(pattern: str, text: str) -> bytearray:
-        flags = bytearray(0x110000)
-        for match in re.finditer(pattern, text):
-            flags[match.start():match.end()] = b"\x01" * (match.end() - match.start())
-        return flags
-
-    def of(*names: str) -> str:
-        return "[" + "".join(_CATEGORY_LETTER[name] for name in names) + "]+"
-
-    def ranges(flags: bytearray) -> tuple[tuple[int, int], ...]:
-        return tuple((match.start(), match.end() - 1) for match in re.finditer(rb"\x01+", bytes(flags)))
-
-    drop = mask(of("Cc", "Cf"), categories)  # _clean_text: `cp == 0 or cp == 0xfffd or _is_control(char)`
-    drop[0x9] = drop[0xA] = drop[0xD] = 0
-    drop[0] = drop[0xFFFD] = 1
-    isolate = mask(of(*(name for name in _CATEGORIES if name.startswith("P"))), categories)  # _is_punctuation
-    for first, last in _ASCII_PUNCTUATION_RANGES:
-        isolate[first:last + 1] = b"\x01" * (last + 1 - first)
-    for first, last in _CJK_RANGES:  # the original isolates these as it isolates punctuation
-        isolate[first:last + 1] = b"\x01" * (last + 1 - first)
-    # whitespace_tokenize's str.split() splits on str.isspace() characters, which is what re's \s matches.
-    return {"drop": ranges(drop), "space": ranges(mask(r"\s+", everything)),
-            "isolate": ranges(isolate), "mark": ranges(mask(of("Mn"), categories))}
-
-
-def _rust_class(ranges: Sequence[tuple[int, int]]) -> tokenizers.Regex:
-    """A one-character Oniguruma class of exactly these code points (no Unicode property lookups on the Rust side)."""
-    parts = (f"\\x{{{first:X}}}" if first == last else f"\\x{{{first:X}}}-\\x{{{last:X}}}" for first, last in ranges)
-    return tokenizers.Regex("[" + "".join(parts) + "]")
-
-
-def _python_class(ranges: Sequence[tuple[int, int]]) -> re.Pattern:
-    parts = (f"\\U{first:08X}" if first == last else f"\\U{first:08X}-\\U{last:08X}" for first, last in ranges)
-    return re.compile("[" + "".join(parts) + "]")
-
-
-def _bert_backend(model, do_lower_case: bool) -> tokenizers.Tokenizer:
-    classes = _char_classes()
-    backend = tokenizers.Tokenizer(model)
-    # Accents (Mn after the NFD of _prepare_text) go only when lower-casing, as in the original; deleting both
-    # kinds in one pass is the same as one after the other.
-    deleted = sorted(classes["drop"] + classes["mark"]) if do_lower_case else classes["drop"]
-    backend.normalizer = normalizers.Replace(_rust_class(deleted), "")
-    backend.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(_rust_class(classes["space"]), behavior="removed"),
-        pre_tokenizers.Split(_rust_class(classes["isolate"]), behavior="isolated")])
-    return backend
-
-
-@functools.lru_cache(maxsize=None)
-def _python_drop() -> re.Pattern:
-    return _python_class(_char_classes()["drop"])
-
-
-def _prepare_text(text: str, do_lower_case: bool) -> str:
-    """The steps of the original BasicTokenizer that must run in Python, before the Rust backend sees `text`."""
-    if not do_lower_case:
-        return text  # the backend does the rest
-    if text.isascii():
-        return text.lower()  # nothing context-dependent on ASCII; the backend drops the control characters
-    # Cleaning comes before lower-casing in the original, and a dropped character between a capital sigma and a
-    # letter changes whether str.lower() reads the sigma as word-final.
-    if _python_drop().search(text) is not None:
-        text = _python_drop().sub("", text)
-    return unicodedata.normalize("NFD", text.lower())
-
-
 def _parse_vocab_lines(text: str) -> list[str]:
     # The original load_vocab reads line by line and strips each line: id = line number, an empty line is the
     # token "", and a repeated token keeps the id of its LAST line (a dict overwrite). Splitting on "\n" only
@@ -267,7 +177,7 @@ class WordPieceTokenizer(Tokenizer):
                               "with tokenization.train_wordpiece")
         # No special tokens are registered with the Rust tokenizer on purpose: the original splits a literal
         # "[MASK]" in text into "[", "mask", "]", and so must we, or raw text could inject control ids.
-        self._backend = _bert_backend(models.WordPiece(self._vocab, unk_token="[UNK]",
+        self._backend = basic_tokenizer.backend(models.WordPiece(self._vocab, unk_token="[UNK]",
                                                        max_input_chars_per_word=MAX_INPUT_CHARS_PER_WORD),
                                       self.do_lower_case)
         self._decoder = decoders.WordPiece(prefix="##", cleanup=True)
@@ -285,13 +195,13 @@ class WordPieceTokenizer(Tokenizer):
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         lower = self.do_lower_case
-        encodings = self._backend.encode_batch_fast([_prepare_text(text, lower) for text in texts],
+        encodings = self._backend.encode_batch_fast([basic_tokenizer.prepare_text(text, lower) for text in texts],
                                                     add_special_tokens=False)
         return [encoding.ids for encoding in encodings]
 
     def tokenize(self, text: str) -> list[str]:
         # Token strings come from our own id order, so a duplicated vocab line reads back as it was written.
-        ids = self._backend.encode(_prepare_text(text, self.do_lower_case), add_special_tokens=False).ids
+        ids = self._backend.encode(basic_tokenizer.prepare_text(text, self.do_lower_case), add_special_tokens=False).ids
         return [self._words[i] for i in ids]
 
     def convert_tokens_to_ids(self, tokens: Iterable[str]) -> list[int]:
@@ -478,14 +388,14 @@ def train_wordpiece(texts: Iterable[str], *, vocab_size: int, output_dir: str, d
     """
     if vocab_size <= len(SPECIAL_TOKENS):
         raise ValueError(f"train_wordpiece: vocab_size={vocab_size} leaves no room beyond {SPECIAL_TOKENS}")
-    backend = _bert_backend(models.WordPiece(unk_token="[UNK]", max_input_chars_per_word=MAX_INPUT_CHARS_PER_WORD),
+    backend = basic_tokenizer.backend(models.WordPiece(unk_token="[UNK]", max_input_chars_per_word=MAX_INPUT_CHARS_PER_WORD),
                             do_lower_case)
     with tempfile.TemporaryDirectory() as scratch:
         corpus_file = os.path.join(scratch, "corpus.txt")
         raw_counts = collections.Counter()
         with open(corpus_file, "w", encoding="utf-8") as f:
             for line in _training_lines(texts, lower=False):
-                line = _prepare_text(line, do_lower_case)  # what the backend sees when encoding
+                line = basic_tokenizer.prepare_text(line, do_lower_case)  # what the backend sees when encoding
                 raw_counts.update(line)
                 f.write(line + "\n")
         char_counts = collections.Counter()

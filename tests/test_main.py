@@ -267,3 +267,22 @@ def test_eval_mode_needs_only_the_held_out_files(tmp_path, caplog, driver_flags,
     [line] = [json.loads(line) for line in (tmp_path / "eval_metrics.jsonl").read_text().splitlines()]
     for name in ("eval_mlm_loss", "eval_mlm_accuracy", "eval_nsp_loss", "eval_records"):
         assert line[name] == pytest.approx(trained_run["final"][name], rel=1e-6), name
+
+
+def test_driver_takes_the_architecture_from_config_init(tmp_path, caplog, driver_flags, trained_run, small_records):
+    """Continuing pretraining from a run's checkpoint with the tiny preset: the checkpoint's vocabulary (512 rows)
+    and positions (64) replace the preset's before the config is logged; a field named on the command line must
+    agree with the checkpoint."""
+    args = [f"--workdir={tmp_path}", f"--config={PRETRAIN}:size=tiny,data=tfrecord",
+            f"--config.init={trained_run['workdir']}/checkpoints", f"--config.data.input_files={small_records['train']}",
+            f"--config.data.eval_input_files={small_records['eval']}", "--config.data.max_seq_length=32",
+            "--config.data.max_predictions_per_seq=5", "--config.train.num_steps=1", "--config.train.batch_size=16",
+            "--config.mesh.fsdp=2", "--config.mesh.tensor=2"]
+    log = _main(driver_flags, caplog, *args)
+    [config_line] = [record.getMessage() for record in caplog.records if record.getMessage().startswith("config:")]
+    assert f"\n  vocab_size: {helpers.TINY_VOCAB}\n" in config_line
+    assert "\n  max_position_embeddings: 64\n" in config_line
+    assert "step 1/1" in log
+    with pytest.raises(ValueError, match="max_position_embeddings") as raised:
+        _main(driver_flags, caplog, *args, f"--workdir={tmp_path}/other", "--config.model.max_position_embeddings=128")
+    assert "64" in str(raised.value)

@@ -521,7 +521,6 @@ def resolve_init_architecture(config, command_line=()):
     if conflicts:
         raise ValueError(f"--config.init={config.init} ({source.where}) {'; '.join(conflicts)}. Fix: leave these "
                          "fields unset (the architecture comes from the checkpoint) or set the checkpoint's values")
-    _warn_if_another_preset(config, source)
     if not data.vocab_file and source.vocab_file:
         data.vocab_file = source.vocab_file
         logging.info("--config.init=%s: data.vocab_file set to its tokenizer %s", config.init, source.vocab_file)
@@ -531,8 +530,10 @@ def resolve_init_architecture(config, command_line=()):
         raise ValueError(f"--config.init={config.init} has no tokenizer beside it and --config.data.vocab_file is "
                          "empty: the run would train a new tokenizer whose ids mean nothing to the checkpoint. "
                          "Fix: set --config.data.vocab_file to the vocabulary the checkpoint was trained with")
-    logging.info("--config.init=%s: architecture from %s: %s", config.init, source.where,
-                 ", ".join(f"{field}={model[field]!r}" for field in ARCHITECTURE_FIELDS))
+    if resolved.model.to_dict() != config.model.to_dict():  # said once: resolving again changes nothing
+        logging.info("--config.init=%s: architecture from %s: %s", config.init, source.where,
+                     ", ".join(f"{field}={model[field]!r}" for field in ARCHITECTURE_FIELDS))
+        _warn_if_another_preset(config, source)
     return resolved
 
 
@@ -556,6 +557,6 @@ def _warn_if_another_preset(config, source: InitArchitecture) -> None:
     if pretrain.MODEL_PRESETS[preset] != shape:
         match = [name for name, preset_shape in pretrain.MODEL_PRESETS.items() if preset_shape == shape]
         logging.warning("--config.init=%s is not the %s preset (it has %d layers, hidden %d, %d heads): the "
-                        "architecture is the checkpoint's, but the recipe's other defaults (learning rate, epochs) "
-                        "are those of size=%s%s", config.init, preset, *shape, preset,
+                        "architecture is the checkpoint's, but the recipe's other defaults (learning rate, steps) are "
+                        "those of size=%s%s", config.init, preset, *shape, preset,
                         f"; size={match[0]} has the ones for its size" if match else "")

@@ -5,7 +5,10 @@ import csv
 import dataclasses
 import json
 import os
+import shlex
+import shutil
 import socket
+import sys
 
 import flax.linen as nn
 import jax
@@ -407,6 +410,10 @@ def test_config_presets_are_locked_and_glue_tasks_read_tfds():
     assert config.data.eval_file == "tfds:glue/mnli:validation_matched"
     assert finetune_data._format(config.data.train_file, config.data.format) == "tfds"  # pylint: disable=protected-access
     assert config.data.text_columns == "premise,hypothesis" and config.model.num_layers == 12
+    # The BERT paper's recipe for base; larger steps for longer for the small presets.
+    assert (config.optim.learning_rate, config.train.num_epochs, config.optim.warmup_proportion) == (2e-5, 3.0, 0.1)
+    tiny = finetune_configs.get_config("size=tiny")
+    assert (tiny.optim.learning_rate, tiny.train.num_epochs, tiny.train.batch_size) == (1e-3, 10.0, 32)
     assert finetune_data._parse_tfds(config.data.train_file) == ("glue/mnli", "train")  # pylint: disable=protected-access
     assert finetune_data._parse_tfds("tfds:glue/sst2:2.0.0:train[:10%]") == ("glue/sst2:2.0.0", "train[:10%]")  # noqa
     config.lock()
@@ -441,3 +448,99 @@ def test_mean_features_of_all_minilm_l6_v2_equal_sentence_transformers_recipe(tm
     expected = ((hidden * mask).sum(1) / mask.sum(1)).numpy()
     np.testing.assert_allclose(features, expected, rtol=1e-4, atol=1e-5)
 
+
+# ---------------------------------------------------------------------------------------------------------------
+# The README's fine-tuning example, and the recipe's defaults, on the keyword task the repository ships.
+
+KEYWORD_TASK = os.path.join(helpers.ROOT, "tests", "fixtures", "keyword_task")
+# Words of the Python documentation (the demo corpus the quick start pretrains on, so its vocabulary holds them
+# whole); one keyword sets the label.
+TASK_FILLER = ("the a this that it is was to of in on for with from by as and or value file list function object "
+               "module class method string name number data type default argument each first new line text key "
+               "result call path").split()
+TASK_KEYWORDS = {"positive": ("good", "true", "valid", "success"), "negative": ("bad", "false", "invalid", "failure")}
+
+
+def keyword_rows(count, seed):
+    """(sentence, label) rows: 4 to 11 filler words with one keyword at a random place; the keyword's class is the
+    label. tests/fixtures/keyword_task holds train.csv = keyword_rows(320, 0) and dev.csv = keyword_rows(160, 1)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for _ in range(count):
+        label = ("negative", "positive")[int(rng.integers(2))]
+        words = [str(word) for word in rng.choice(TASK_FILLER, size=int(rng.integers(4, 12)))]
+        words.insert(int(rng.integers(len(words) + 1)), str(rng.choice(TASK_KEYWORDS[label])))
+        rows.append((" ".join(words), label))
+    return rows
+
+
+def test_the_shipped_keyword_task_is_its_generators_output():
+    for name, count, seed in (("train.csv", 320, 0), ("dev.csv", 160, 1)):
+        with open(os.path.join(KEYWORD_TASK, name), newline="", encoding="utf-8") as f:
+            assert [tuple(row) for row in csv.reader(f)] == [("sentence", "label"), *keyword_rows(count, seed)], name
+
+
+def _readme_command(mode):
+    """The first `--mode=MODE` command of README.md's "Export, import, fine-tuning" section, as argv."""
+    text = open(os.path.join(helpers.ROOT, "README.md"), encoding="utf-8").read()
+    section = text.split("### Export, import, fine-tuning\n", 1)[1].split("\n### ", 1)[0]
+    lines = [line.split("#", 1)[0] for line in section.replace("\\\n", " ").splitlines()]
+    return shlex.split(next(line for line in lines if line.startswith(f"python -m bert_jax.main --mode={mode} ")))
+
+
+@pytest.fixture
+def driver(monkeypatch):
+    """The driver's main() in this process with the flags given (absl's global FLAGS, restored afterwards)."""
+    from absl import flags
+    from absl.testing import flagsaver
+    from bert_jax import main as driver_module
+
+    def forget_overrides():  # config_flags defines a flag per --config.* override it is given
+        for name in [name for name in flags.FLAGS if name.startswith("config.")]:
+            delattr(flags.FLAGS, name)
+
+    def run(args):
+        monkeypatch.setattr(sys, "argv", ["bert_jax", *args])  # config_flags finds --config.* overrides there
+        flags.FLAGS.unparse_flags()
+        forget_overrides()
+        flags.FLAGS(sys.argv)
+        driver_module.main(["bert_jax"])
+
+    with flagsaver.flagsaver():
+        yield run
+    flags.FLAGS.unparse_flags()
+    forget_overrides()
+
+
+@pytest.mark.filterwarnings(r"ignore:the load_module\(\) method is deprecated:DeprecationWarning")
+def test_the_readme_finetuning_example_learns_with_the_recipe_defaults(trained_run, tmp_path, monkeypatch, driver):
+    """README's commands, as written, on a quick-start-like run: tests/_session.py's tiny run (its workdir standing in
+    for /tmp/bert_jax_run) with a tokenizer of its 512 rows in data/tokenizer. The recipe's defaults (no optimizer or
+    step flag) must learn the 320-sentence keyword task: held-out accuracy >= 0.9 (chance is 0.5)."""
+    run_dir, ft_dir = tmp_path / "bert_jax_run", tmp_path / "bert_jax_ft"
+    shutil.copytree(os.path.join(trained_run["workdir"], "checkpoints"), run_dir / "checkpoints")
+    shutil.copy(os.path.join(trained_run["workdir"], pretrained_lib.RUN_MODEL_CONFIG), run_dir)
+    texts = [text for text, _ in keyword_rows(320, 0)]
+    tokenization.train_wordpiece(texts, vocab_size=200, output_dir=str(tmp_path / "words"), min_frequency=1)
+    _vocab_of_size(str(tmp_path / "words"), 500, str(run_dir / "data" / "tokenizer"))
+
+    def as_here(command):
+        assert command[:3] == ["python", "-m", "bert_jax.main"]
+        return [arg.replace("/tmp/bert_jax_run", str(run_dir)).replace("/tmp/bert_jax_ft", str(ft_dir))
+                for arg in command[3:]]
+
+    finetune_command, features_command = _readme_command("finetune"), _readme_command("features")
+    assert "--config.init=/tmp/bert_jax_run/checkpoints" in finetune_command
+    assert not [arg for arg in finetune_command if arg.startswith(("--config.optim", "--config.train"))]
+    monkeypatch.chdir(helpers.ROOT)  # the commands name configs/ and tests/fixtures/ from the repository root
+    # The session run has 64 positions where the quick start's has 512: shorter sequences (the sentences fit in 16).
+    driver([*as_here(finetune_command), "--config.data.max_seq_length=32"])
+    final = json.loads((ft_dir / "metrics.jsonl").read_text().splitlines()[-1])
+    assert final["eval_accuracy"] >= 0.9, final
+    saved = ft_dir / finetune.FINETUNED_SUBDIR
+    architecture = json.loads((saved / pretrained_lib.RUN_MODEL_CONFIG).read_text())  # the run's, not the preset's
+    assert (architecture["vocab_size"], architecture["max_position_embeddings"]) == (512, 64)
+
+    driver([*as_here(features_command), "--config.data.max_seq_length=32"])
+    features = np.load(ft_dir / "features.npy")
+    assert features.shape == (160, 128) and np.isfinite(features).all()

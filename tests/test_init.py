@@ -193,7 +193,11 @@ def test_a_bert_jax_run_gives_its_recorded_architecture_or_its_shapes(trained_ru
     # The base preset's architecture gives way to the run's: vocab 512 rows kept as they are.
     config = pretrain_configs.get_config("size=base,data=synthetic")
     config.init = os.path.join(workdir, "checkpoints")
-    assert _architecture(pretrained.resolve_init_architecture(config)) == run
+    with caplog.at_level(logging.WARNING):
+        assert _architecture(pretrained.resolve_init_architecture(config)) == run
+    # The recipe's learning rate and steps are base's: said, with the preset that has this size.
+    assert "is not the base preset (it has 2 layers, hidden 128, 2 heads)" in caplog.text
+    assert "size=tiny has the ones for its size" in caplog.text
 
     # Without the record (a run of an earlier version): what the array shapes say; the heads stay the config's.
     copy = tmp_path / "copy"

@@ -455,6 +455,10 @@ def read_architecture(path: str) -> InitArchitecture:
     path = os.fspath(path)
     if checkpoint_lib.is_checkpoint(path):
         return _run_architecture(path)
+    if not fileio.exists(path) and not fileio.exists(path + ".index"):
+        raise FileNotFoundError(f"--config.init={path} does not exist. Fix: a bert_jax run's checkpoints (or step) "
+                                "directory, a fine-tuned directory, a HuggingFace model directory, an original TF "
+                                "checkpoint or a Flax export")
     kind = _format(path)
     if kind == "bert_jax":
         config_path = os.path.join(path, FLAX_CONFIG)

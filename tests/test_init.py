@@ -171,6 +171,13 @@ def test_an_inconsistent_config_file_is_named_not_a_flag(hf_dir, tmp_path):
         pretrained.resolve_init_architecture(config)
 
 
+def test_a_missing_path_is_named(tmp_path):
+    config = finetune_configs.get_config("size=tiny")
+    config.init = str(tmp_path / "nowhere")
+    with pytest.raises(FileNotFoundError, match=rf"--config.init={tmp_path / 'nowhere'} does not exist\. Fix: "):
+        pretrained.resolve_init_architecture(config)
+
+
 def test_a_corpus_run_needs_the_checkpoints_tokenizer(hf_dir):
     os.remove(hf_dir / "vocab.txt")
     config = pretrain_configs.get_config("size=tiny")  # data.source=corpus: would train a new tokenizer

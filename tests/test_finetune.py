@@ -540,6 +540,7 @@ def test_the_readme_finetuning_example_learns_with_the_recipe_defaults(trained_r
     saved = ft_dir / finetune.FINETUNED_SUBDIR
     architecture = json.loads((saved / pretrained_lib.RUN_MODEL_CONFIG).read_text())  # the run's, not the preset's
     assert (architecture["vocab_size"], architecture["max_position_embeddings"]) == (512, 64)
+    assert pretrained_lib.read_architecture(str(saved)).vocab_file == str(saved)  # its tokenizer is saved with it
 
     driver([*as_here(features_command), "--config.data.max_seq_length=32"])
     features = np.load(ft_dir / "features.npy")

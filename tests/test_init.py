@@ -233,3 +233,16 @@ def test_pretraining_continues_from_a_run_with_the_presets_defaults(trained_run,
     written = json.loads((tmp_path / pretrained.RUN_MODEL_CONFIG).read_text())
     assert (written["vocab_size"], written["max_position_embeddings"]) == (512, 64)
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["1"]
+
+
+def test_a_corpus_runs_tokenizer_is_found_through_its_data_step(trained_run, tmp_path):
+    """A run that made its data (data.source=corpus) names its tokenizer in WORKDIR/data/READY.json."""
+    workdir = tmp_path / "run"
+    shutil.copytree(os.path.join(trained_run["workdir"], "checkpoints"), workdir / "checkpoints")
+    shutil.copy(os.path.join(trained_run["workdir"], pretrained.RUN_MODEL_CONFIG), workdir)
+    tokenizer_dir = str(workdir / "data" / "tokenizer")
+    tokenization.load_tokenizer(_vocab(tmp_path / "vocab.txt", 500)).save(tokenizer_dir)  # 500 entries, 512 rows
+    (workdir / "data" / "READY.json").write_text(json.dumps({"tokenizer_dir": tokenizer_dir}))
+    config = finetune_configs.get_config("size=tiny")
+    config.init = str(workdir / "checkpoints" / "4")
+    assert pretrained.resolve_init_architecture(config).data.vocab_file == tokenizer_dir

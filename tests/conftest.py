@@ -20,10 +20,24 @@ from bert_jax import main as _driver  # noqa: E402
 os.environ["XLA_FLAGS"] = _driver.with_cpu_xla_flags(os.environ["XLA_FLAGS"])
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Scheduling over pytest-xdist workers (pytest.ini: --numprocesses=auto --dist=loadgroup --no-loadscope-reorder).
+import logging  # noqa: E402
 
 import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _logging_levels():
+    """Parsing the driver's absl flags in-process (test_main, test_finetune) sets the absl and root loggers' levels
+    from --verbosity (WARNING by default); restored after each test, so later tests in the worker see INFO records."""
+    loggers = (logging.getLogger(), logging.getLogger("absl"))
+    levels = [logger.level for logger in loggers]
+    yield
+    for logger, level in zip(loggers, levels):
+        logger.setLevel(level)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Scheduling over pytest-xdist workers (pytest.ini: --numprocesses=auto --dist=loadgroup --no-loadscope-reorder).
 
 # Modules whose tests share an expensive module-scoped fixture or cache (a compiled step, an unsharded reference
 # run): each runs on one worker, as one unit, so that the fixture is made once. pytest-xdist's xdist_group mark

@@ -97,7 +97,7 @@ def test_importing_any_module_changes_no_environment_variable_allocator_setting_
 
 def test_the_driver_sets_its_xla_cpu_flags_before_jax_starts_and_the_users_win(monkeypatch):
     seen = []
-    monkeypatch.setattr(app, "run", lambda main: seen.append(os.environ["XLA_FLAGS"]))
+    monkeypatch.setattr(app, "run", lambda main, **kwargs: seen.append(os.environ["XLA_FLAGS"]))
     monkeypatch.delenv("XLA_FLAGS")
     driver.run()
     assert seen[-1].split() == [f"--{name}={value}" for name, value in driver.CPU_XLA_FLAGS]

@@ -12,7 +12,7 @@ order), model_config.json and the tokenizer.
 
 Both start from `config.init`: a bert_jax checkpoint (pretraining or fine-tuned) or, through
 `bert_jax.pretrained.load_pretrained`, a HuggingFace / original-TF checkpoint or a Flax export, whose architecture
-(and tokenizer, unless data.vocab_file is set) they take: see `pretrained.resolve_init_architecture`. Only the
+(and tokenizer, unless data.vocab_file is set) they take: see `init_architecture.resolve_init_architecture`. Only the
 encoder and pooler are read (their names are shared with BertForPreTraining, see bert_jax.model); the classifier
 always starts fresh.
 Examples are held in memory as numpy arrays (GLUE-sized data fits easily) and every process reads them all,
@@ -43,6 +43,7 @@ from bert_jax import fileio
 from bert_jax import metrics as metrics_lib
 from bert_jax import model as model_lib
 from bert_jax import optim
+from bert_jax import init_architecture
 from bert_jax import pretrained
 from bert_jax import sharding as sharding_lib
 from bert_jax.data import tokenization
@@ -122,9 +123,9 @@ class ModelSource:
 
 
 def resolve_model(config) -> ModelSource:
-    """The model to build: config.model with --config.init's architecture (pretrained.resolve_init_architecture)
+    """The model to build: config.model with --config.init's architecture (init_architecture.resolve_init_architecture)
     and, for a HuggingFace / original-TF / Flax-export init, its parameters on the host."""
-    config = pretrained.resolve_init_architecture(config)
+    config = init_architecture.resolve_init_architecture(config)
     model_config = model_lib.BertConfig.from_config(config.model)
     if not config.init or checkpoint_lib.is_checkpoint(config.init):
         return ModelSource(model_config, None, config.init or "scratch")
@@ -281,7 +282,7 @@ def make_features_step(model: nn.Module, rules, pooling: str):
 
 def _setup(config, mode: str):
     """(config with --config.init's architecture and tokenizer, tokenizer, ModelSource, mesh, rules)."""
-    config = pretrained.resolve_init_architecture(config)
+    config = init_architecture.resolve_init_architecture(config)
     validate_config(config, jax.device_count(), jax.process_count(), mode)
     tokenizer = tokenization.load_tokenizer(config.data.vocab_file, do_lower_case=config.data.do_lower_case)
     source = resolve_model(config)
@@ -329,7 +330,7 @@ def finetune(config, workdir: str) -> dict[str, float]:
     if jax.process_index() == 0:
         fileio.makedirs(output_dir)
         _write_json(fileio.join(output_dir, LABELS_FILE), names)
-        _write_json(fileio.join(output_dir, pretrained.RUN_MODEL_CONFIG), dataclasses.asdict(source.model_config))
+        _write_json(fileio.join(output_dir, init_architecture.RUN_MODEL_CONFIG), dataclasses.asdict(source.model_config))
         tokenizer.save(output_dir)  # so that --config.init=WORKDIR/finetuned finds its vocabulary
 
     init_rng, dropout_rng = jax.random.split(jax.random.key(train.seed))

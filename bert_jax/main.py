@@ -17,7 +17,7 @@ from ml_collections import config_flags
 
 from bert_jax import fileio
 from bert_jax import finetune
-from bert_jax import pretrained
+from bert_jax import init_architecture
 from bert_jax import pretraining
 from bert_jax import sharding
 from bert_jax import train
@@ -63,7 +63,7 @@ def main(argv):
     mode, downstream = FLAGS.mode, FLAGS.mode in ("finetune", "features")
     try:
         # --config.init's architecture (and tokenizer) first; the fields named on the command line must agree with it.
-        config = pretrained.resolve_init_architecture(
+        config = init_architecture.resolve_init_architecture(
             FLAGS.config, command_line=config_flags.get_override_values(FLAGS["config"]))
         if downstream:
             finetune.validate_config(config, jax.device_count(), jax.process_count(), mode=mode)

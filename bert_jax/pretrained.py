@@ -11,20 +11,16 @@ inner parameter tree as float32 numpy arrays (bert_jax.export's layout and name 
 Heads an encoder-only checkpoint lacks are initialised and reported. Vocabulary padding: `load_pretrained(...,
 vocab_size=N)` adds rows: zero embeddings, MLM bias rows equal to the smallest real bias (so the padding ids start as
 unlikely as the least likely real token and the imported model's MLM loss barely moves). Paths are local files.
-`resolve_init_architecture(config)`: --config.init's architecture (read from the checkpoint's config file, or
-for a bert_jax run from its model_config.json and array shapes) into config.model, before anything is built.
+bert_jax.init_architecture reads the same files for --config.init's architecture.
 """
 
-import copy
 import dataclasses
 import json
 import os
 import re
 import zipfile
 
-from absl import logging
 from flax import traverse_util
-import jax
 import numpy as np
 
 from bert_jax import export
@@ -109,7 +105,7 @@ def _read_hf_weights(path: str) -> tuple[dict, str]:
     return _read_pickle(path), path
 
 
-def _config_from_hf(values: dict, where: str) -> model_lib.BertConfig:
+def config_from_hf(values: dict, where: str) -> model_lib.BertConfig:
     def field(name):
         if name not in values:
             raise ValueError(f"{where}: field {name!r} is missing; a BERT config.json has it")
@@ -144,7 +140,7 @@ def _check_sizes(sizes: dict, where: str, names: dict) -> None:
                          "(or use the config that belongs to these weights)")
 
 
-def _read_json(path: str) -> dict:
+def read_json(path: str) -> dict:
     try:
         with fileio.open_file(path) as file:
             values = json.load(file)
@@ -155,7 +151,7 @@ def _read_json(path: str) -> dict:
     return values
 
 
-def _hf_config_path(path: str) -> str:
+def hf_config_path(path: str) -> str:
     directory = path if os.path.isdir(path) else os.path.dirname(path)
     config_path = os.path.join(directory, HF_CONFIG)
     if not os.path.exists(config_path):
@@ -163,20 +159,20 @@ def _hf_config_path(path: str) -> str:
     return config_path
 
 
-def _config_from_tf(config_path: str) -> model_lib.BertConfig:
+def config_from_tf(config_path: str) -> model_lib.BertConfig:
     """The original bert_config.json: HF's field names, and "gelu" meaning the tanh approximation."""
     if not os.path.exists(config_path):
         raise FileNotFoundError(f"{config_path} does not exist. Fix: pass bert_config_json=.../bert_config.json")
-    values = _read_json(config_path)
+    values = read_json(config_path)
     act = values.get("hidden_act")
     if act not in TF_ACTIVATIONS:
         raise ValueError(f"{config_path}: field 'hidden_act' is {act!r}; the original BERT checkpoints use 'gelu'")
-    return _config_from_hf(dict(values, hidden_act="gelu_new", model_type="bert"), config_path)
+    return config_from_hf(dict(values, hidden_act="gelu_new", model_type="bert"), config_path)
 
 
-def _config_from_ours(config_path: str) -> model_lib.BertConfig:
+def config_from_ours(config_path: str) -> model_lib.BertConfig:
     """A BertConfig written as JSON by bert_jax (export_flax's bert_jax_config.json, a run's model_config.json)."""
-    values = _read_json(config_path)
+    values = read_json(config_path)
     values.pop("matmul", None)  # named by earlier versions; it never changed the weights
     fields = {field.name for field in dataclasses.fields(model_lib.BertConfig)}
     if set(values) - fields:
@@ -253,8 +249,8 @@ def import_hf(path: str, *, seed: int = 0, check_vocab: bool = True):
     """
     path = os.fspath(path)
     directory = path if os.path.isdir(path) else os.path.dirname(path)
-    config_path = _hf_config_path(path)
-    config = _config_from_hf(_read_json(config_path), config_path)
+    config_path = hf_config_path(path)
+    config = config_from_hf(read_json(config_path), config_path)
     raw, weights_file = _read_hf_weights(path)
     tensors = {_normalize_hf_name(name): value for name, value in raw.items()}
     report = ImportReport(source=weights_file, format="huggingface")
@@ -280,7 +276,7 @@ def import_hf(path: str, *, seed: int = 0, check_vocab: bool = True):
     return config, params, report
 
 
-def _tf_prefix(path: str) -> str:
+def tf_prefix(path: str) -> str:
     if os.path.isdir(path):
         import tensorflow as tf  # pylint: disable=import-outside-toplevel
         latest = tf.train.latest_checkpoint(path)
@@ -307,13 +303,13 @@ def import_tf(checkpoint_dir_or_prefix: str, bert_config_json: str | None = None
     optimizer slots (adam_m, adam_v) and global_step are ignored.
     """
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
-    prefix = _tf_prefix(os.fspath(checkpoint_dir_or_prefix))
+    prefix = tf_prefix(os.fspath(checkpoint_dir_or_prefix))
     if not os.path.exists(prefix + ".index"):
         raise FileNotFoundError(f"{prefix}.index does not exist: {checkpoint_dir_or_prefix} is not an original "
                                 "BERT checkpoint (bert_model.ckpt.index + bert_model.ckpt.data-*)")
     directory = os.path.dirname(prefix)
     config_path = bert_config_json or os.path.join(directory, TF_CONFIG)
-    config = _config_from_tf(config_path)
+    config = config_from_tf(config_path)
     reader = tf.train.load_checkpoint(prefix)
     tensors = {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()}
     report = ImportReport(source=prefix, format="tf_checkpoint", notes=[
@@ -325,7 +321,7 @@ def import_tf(checkpoint_dir_or_prefix: str, bert_config_json: str | None = None
     return config, params, report
 
 
-def _format(path: str) -> str:
+def checkpoint_format(path: str) -> str:
     """"bert_jax" (export_flax), "huggingface" or "tf_checkpoint", recognised by the files at `path`."""
     is_dir = os.path.isdir(path)
     if is_dir and os.path.exists(os.path.join(path, FLAX_CONFIG)):
@@ -334,7 +330,7 @@ def _format(path: str) -> str:
             (".safetensors", ".bin", ".pt", ".pth", ".index.json")):
         return "huggingface"
     if (any(name.endswith(".index") for name in os.listdir(path)) if is_dir
-            else os.path.exists(_tf_prefix(path) + ".index")):
+            else os.path.exists(tf_prefix(path) + ".index")):
         return "tf_checkpoint"
     looked_for = (f"{FLAX_CONFIG} (export_flax), {HF_CONFIG} with {HF_WEIGHTS} / {HF_PICKLE} (HuggingFace), "
                   "NAME.index + NAME.data-* (original TF checkpoint)")
@@ -343,7 +339,7 @@ def _format(path: str) -> str:
     raise ValueError(f"{path}: no known checkpoint format; looked for {looked_for}")
 
 
-def _saved_tokenizer(directory: str) -> str | None:
+def saved_tokenizer(directory: str) -> str | None:
     """`directory` if a Tokenizer.save() wrote into it (our exports, fine-tuned directories)."""
     return directory if fileio.exists(fileio.join(directory, tokenization.CONFIG_FILE)) else None
 
@@ -356,11 +352,11 @@ def load_pretrained(path: str, *, vocab_size: int | None = None, seed: int = 0, 
     real bias), e.g. tokenization.padded_vocab_size(real size) for a model to pretrain further; smaller is refused.
     """
     path = os.fspath(path)
-    kind = _format(path)
+    kind = checkpoint_format(path)
     if kind == "bert_jax":
-        _config_from_ours(os.path.join(path, FLAX_CONFIG))  # its problems named as the file's fields
+        config_from_ours(os.path.join(path, FLAX_CONFIG))  # its problems named as the file's fields
         config, params = export.load_flax(path)
-        report = ImportReport(source=path, format=kind, vocab_file=_saved_tokenizer(path))
+        report = ImportReport(source=path, format=kind, vocab_file=saved_tokenizer(path))
     elif kind == "huggingface":
         config, params, report = import_hf(path, seed=seed, check_vocab=check_vocab)
     else:
@@ -373,194 +369,3 @@ def load_pretrained(path: str, *, vocab_size: int | None = None, seed: int = 0, 
         params = export.unflatten(export.resize_vocab(traverse_util.flatten_dict(params, sep="/"), vocab_size))
         config = dataclasses.replace(config, vocab_size=vocab_size)
     return config, params, report
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# --config.init: the architecture comes from the checkpoint it names.
-
-# The config.model fields a checkpoint fixes; the others (dtype, dropout rates, attention, remat, scan_layers,
-# initializer_range) are the new run's choice.
-ARCHITECTURE_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size", "hidden_act",
-                       "max_position_embeddings", "type_vocab_size", "layer_norm_eps")
-# A bert_jax run's architecture: WORKDIR/model_config.json (pretraining), WORKDIR/finetuned/model_config.json.
-RUN_MODEL_CONFIG = "model_config.json"
-
-
-@dataclasses.dataclass
-class InitArchitecture:
-    """What a checkpoint fixes, read from its config file (and, for our own checkpoints, its array shapes) without
-    reading any weights."""
-
-    values: dict  # ARCHITECTURE_FIELDS the checkpoint states; a run without model_config.json states fewer
-    where: str  # the file (or checkpoint directory) they were read from, for messages
-    format: str  # "bert_jax_checkpoint", "bert_jax" (export_flax), "huggingface" or "tf_checkpoint"
-    vocab_file: str | None = None  # the checkpoint's tokenizer (a path load_tokenizer accepts), if one is known
-
-
-def write_run_model_config(directory: str, model_config: model_lib.BertConfig) -> None:
-    """Records a run's architecture beside its checkpoints, for a later --config.init (process 0 writes)."""
-    if jax.process_index() == 0:
-        fileio.makedirs(directory)
-        with fileio.open_file(fileio.join(directory, RUN_MODEL_CONFIG), "w") as file:
-            file.write(json.dumps(dataclasses.asdict(model_config), indent=2) + "\n")
-
-
-def _checkpoint_shapes(step_directory) -> dict:
-    """The architecture fields the parameter shapes of one of our checkpoints determine (read from its metadata)."""
-    from bert_jax import checkpoint as checkpoint_lib  # pylint: disable=import-outside-toplevel
-    params = checkpoint_lib.state_metadata(str(step_directory))["train_state"]["params"]
-    embeddings = params["embeddings"]
-    vocab_size, hidden_size = embeddings["word_embeddings"]["embedding"].shape
-    if model_lib.SCANNED_LAYERS in params:  # stacked: a leading layer axis
-        intermediate = params[model_lib.SCANNED_LAYERS]["intermediate"]["kernel"].shape
-        num_layers, intermediate_size = intermediate[0], intermediate[-1]
-    else:
-        num_layers = sum(1 for name in params if re.fullmatch(r"layer_\d+", name))
-        intermediate_size = params["layer_0"]["intermediate"]["kernel"].shape[-1]
-    return {"vocab_size": int(vocab_size), "hidden_size": int(hidden_size), "num_layers": int(num_layers),
-            "intermediate_size": int(intermediate_size),
-            "max_position_embeddings": int(embeddings["position_embeddings"]["embedding"].shape[0]),
-            "type_vocab_size": int(embeddings["token_type_embeddings"]["embedding"].shape[0])}
-
-
-def _run_architecture(path: str) -> InitArchitecture:
-    """A bert_jax checkpoint (step, checkpoints or fine-tuned directory): its shapes, and its run's model config."""
-    from bert_jax import checkpoint as checkpoint_lib  # pylint: disable=import-outside-toplevel
-    step = checkpoint_lib.step_directory(path)
-    # WORKDIR/checkpoints/STEP belongs to WORKDIR; a fine-tuned directory holds its own files.
-    home = step.parent.parent if step.name.isdigit() else step
-    values = _checkpoint_shapes(step)
-    record, where = home / RUN_MODEL_CONFIG, str(step)
-    if record.exists():
-        recorded = _config_from_ours(str(record))
-        disagree = [f"{field}={getattr(recorded, field)!r} there but {value!r} in the arrays"
-                    for field, value in values.items() if getattr(recorded, field) != value]
-        if disagree:
-            raise ValueError(f"{record} does not describe the checkpoint {step}: {'; '.join(disagree)}. Fix: "
-                             "restore the model_config.json that run wrote, or delete it (the shapes are used)")
-        values = {field: getattr(recorded, field) for field in ARCHITECTURE_FIELDS}
-        where = str(record)
-    vocab_file = _saved_tokenizer(str(step))
-    ready = home / "data" / "READY.json"  # a run that made its data (data.source=corpus) names its tokenizer
-    if vocab_file is None and ready.exists():
-        tokenizer_dir = json.loads(ready.read_text()).get("tokenizer_dir")
-        vocab_file = tokenizer_dir if tokenizer_dir and fileio.exists(tokenizer_dir) else None
-    return InitArchitecture(values, where, "bert_jax_checkpoint", vocab_file)
-
-
-def read_architecture(path: str) -> InitArchitecture:
-    """The architecture of a --config.init checkpoint, from its config file (no weights are read): a HuggingFace
-    config.json, an original bert_config.json, an export_flax bert_jax_config.json, or a bert_jax run."""
-    from bert_jax import checkpoint as checkpoint_lib  # pylint: disable=import-outside-toplevel
-    path = os.fspath(path)
-    if checkpoint_lib.is_checkpoint(path):
-        return _run_architecture(path)
-    if not fileio.exists(path) and not fileio.exists(path + ".index"):
-        raise FileNotFoundError(f"--config.init={path} does not exist. Fix: a bert_jax run's checkpoints (or step) "
-                                "directory, a fine-tuned directory, a HuggingFace model directory, an original TF "
-                                "checkpoint or a Flax export")
-    kind = _format(path)
-    if kind == "bert_jax":
-        config_path = os.path.join(path, FLAX_CONFIG)
-        config, vocab_file = _config_from_ours(config_path), _saved_tokenizer(path)
-    elif kind == "huggingface":
-        config_path = _hf_config_path(path)
-        config = _config_from_hf(_read_json(config_path), config_path)
-        vocab_file = os.path.join(os.path.dirname(config_path), VOCAB_FILE)
-    else:
-        prefix = _tf_prefix(path)
-        config_path = os.path.join(os.path.dirname(prefix), TF_CONFIG)
-        config = _config_from_tf(config_path)
-        vocab_file = os.path.join(os.path.dirname(prefix), VOCAB_FILE)
-    vocab_file = vocab_file if vocab_file and os.path.exists(vocab_file) else None
-    return InitArchitecture({field: getattr(config, field) for field in ARCHITECTURE_FIELDS}, config_path, kind,
-                            vocab_file)
-
-
-def _preset_model(config) -> dict | None:
-    """config.model as the recipe's preset (config.model_preset) left it, or None for a config without one."""
-    preset = config.get("model_preset")
-    if not preset:
-        return None
-    from configs import pretrain  # pylint: disable=import-outside-toplevel  # the recipes own the presets
-    return pretrain.model_config(preset).to_dict()
-
-
-def resolve_init_architecture(config, command_line=()):
-    """`config` (a copy) with config.model's architecture taken from the checkpoint config.init names.
-
-    Every field of ARCHITECTURE_FIELDS the checkpoint states is copied into config.model, except fields set
-    explicitly, which must agree with it (one ValueError names every one that does not). Explicit: named in
-    `command_line` (config paths such as "model.hidden_size": the driver passes its --config.* overrides), or
-    different from the recipe preset's value (config.model_preset), so the rule holds for configs built in Python.
-    The vocabulary: a pretraining run from an imported checkpoint pads its rows to a multiple of 128 (an explicit
-    model.vocab_size may be any size at least the checkpoint's rows); our own checkpoints and fine-tuning keep the
-    checkpoint's rows. An empty data.vocab_file becomes the checkpoint's tokenizer when one is known, and a set one
-    must fit the checkpoint: its entries <= the rows <= the entries padded to a multiple of 128.
-    Without config.init, `config` itself is returned.
-    """
-    if not config.get("init"):
-        return config
-    source = read_architecture(config.init)
-    resolved = copy.deepcopy(config)
-    model, data = resolved.model, resolved.data
-    named = {name.split(".", 1)[1] for name in command_line if name.startswith("model.")}
-    preset = _preset_model(config)
-    pretraining = "features" not in config  # configs/finetune.py has a features section, configs/pretrain.py not
-    conflicts = []
-    for field in ARCHITECTURE_FIELDS:
-        if field not in source.values:
-            continue
-        theirs, ours = source.values[field], model[field]
-        explicit = field in named or (preset is not None and ours != preset[field])
-        if field == "vocab_size" and pretraining and source.format != "bert_jax_checkpoint":
-            wanted, agrees = tokenization.padded_vocab_size(theirs), ours >= theirs
-            why = f" (rows are added on import, never dropped: at least {theirs})"
-        else:
-            wanted, agrees, why = theirs, ours == theirs, ""
-        if not explicit:
-            model[field] = wanted
-        elif not agrees:
-            conflicts.append(f"has {field}={theirs!r} but --config.model.{field}={ours!r}{why}")
-    if conflicts:
-        raise ValueError(f"--config.init={config.init} ({source.where}) {'; '.join(conflicts)}. Fix: leave these "
-                         "fields unset (the architecture comes from the checkpoint) or set the checkpoint's values")
-    if not data.vocab_file and source.vocab_file:
-        data.vocab_file = source.vocab_file
-        logging.info("--config.init=%s: data.vocab_file set to its tokenizer %s", config.init, source.vocab_file)
-    if data.vocab_file and "vocab_size" in source.values:
-        _check_tokenizer_fits(data, source)
-    elif pretraining and data.get("source") == "corpus":
-        raise ValueError(f"--config.init={config.init} has no tokenizer beside it and --config.data.vocab_file is "
-                         "empty: the run would train a new tokenizer whose ids mean nothing to the checkpoint. "
-                         "Fix: set --config.data.vocab_file to the vocabulary the checkpoint was trained with")
-    if resolved.model.to_dict() != config.model.to_dict():  # said once: resolving again changes nothing
-        logging.info("--config.init=%s: architecture from %s: %s", config.init, source.where,
-                     ", ".join(f"{field}={model[field]!r}" for field in ARCHITECTURE_FIELDS))
-        _warn_if_another_preset(config, source)
-    return resolved
-
-
-def _check_tokenizer_fits(data, source: InitArchitecture) -> None:
-    entries = tokenization.load_tokenizer(data.vocab_file, do_lower_case=data.do_lower_case).vocab_size
-    rows = source.values["vocab_size"]
-    if not entries <= rows <= tokenization.padded_vocab_size(entries):
-        raise ValueError(f"--config.data.vocab_file={data.vocab_file} has {entries} entries but the checkpoint "
-                         f"({source.where}) has {rows} word-embedding rows: not the vocabulary it was trained with. "
-                         "Fix: the checkpoint's own tokenizer" + (f" ({source.vocab_file})" if source.vocab_file
-                                                                  else ""))
-
-
-def _warn_if_another_preset(config, source: InitArchitecture) -> None:
-    """The recipe's other defaults (learning rate, epochs) are chosen per preset: say when they are another's."""
-    preset = config.get("model_preset")
-    if not preset or not all(field in source.values for field in ("num_layers", "hidden_size", "num_heads")):
-        return
-    from configs import pretrain  # pylint: disable=import-outside-toplevel
-    shape = (source.values["num_layers"], source.values["hidden_size"], source.values["num_heads"])
-    if pretrain.MODEL_PRESETS[preset] != shape:
-        match = [name for name, preset_shape in pretrain.MODEL_PRESETS.items() if preset_shape == shape]
-        logging.warning("--config.init=%s is not the %s preset (it has %d layers, hidden %d, %d heads): the "
-                        "architecture is the checkpoint's, but the recipe's other defaults (learning rate, steps) are "
-                        "those of size=%s%s", config.init, preset, *shape, preset,
-                        f"; size={match[0]} has the ones for its size" if match else "")

@@ -23,6 +23,7 @@ from bert_jax import fileio
 from bert_jax import metrics as metrics_lib
 from bert_jax import model as model_lib
 from bert_jax import optim
+from bert_jax import init_architecture
 from bert_jax import pretrained
 from bert_jax import sharding as sharding_lib
 from bert_jax.train import (NonFiniteLossError, abstract_train_state, create_train_state, jit_eval_step,
@@ -187,9 +188,9 @@ def train_and_evaluate(config, workdir: str) -> dict[str, float]:
 
     On SIGTERM it saves a checkpoint at the current step and returns early, with "preempted_at_step" set.
     """
-    config = pretrained.resolve_init_architecture(config)  # --config.init's architecture, if one is set
+    config = init_architecture.resolve_init_architecture(config)  # --config.init's architecture, if one is set
     run = _build(config, workdir, "train")
-    pretrained.write_run_model_config(workdir, run.model_config)  # what a later --config.init of this run reads
+    init_architecture.write_run_model_config(workdir, run.model_config)  # what a later --config.init of this run reads
     data, train = config.data, config.train
     train_batches = run.make_iterator(split="train", seed=train.seed)
     flops_per_step = model_lib.model_flops_per_sequence(

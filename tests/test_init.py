@@ -12,7 +12,7 @@ import pytest
 
 from bert_jax import export
 from bert_jax import model as model_lib
-from bert_jax import pretrained
+from bert_jax import init_architecture
 from bert_jax import pretraining
 from bert_jax.data import tokenization
 from configs import finetune as finetune_configs
@@ -32,7 +32,7 @@ MINILM_ARCHITECTURE = {"vocab_size": 30522, "hidden_size": 384, "num_layers": 6,
 
 
 def _architecture(config):
-    return {field: config.model[field] for field in pretrained.ARCHITECTURE_FIELDS}
+    return {field: config.model[field] for field in init_architecture.ARCHITECTURE_FIELDS}
 
 
 def _vocab(path, entries):
@@ -55,17 +55,17 @@ def hf_dir(tmp_path):
 def test_pretraining_from_a_huggingface_config_takes_every_field_and_pads_the_vocab(hf_dir):
     config = pretrain_configs.get_config("size=tiny,data=synthetic")  # the tiny preset: 2 layers, hidden 128
     config.init = str(hf_dir)
-    resolved = pretrained.resolve_init_architecture(config)
+    resolved = init_architecture.resolve_init_architecture(config)
     assert _architecture(resolved) == dict(MINILM_ARCHITECTURE, vocab_size=30592)  # padded to a multiple of 128
     assert resolved.data.vocab_file == str(hf_dir / "vocab.txt")  # its tokenizer, as none was set
     assert config.model.hidden_size == 128 and config.data.vocab_file == ""  # the config given is not changed
     assert resolved.model.dropout_rate == 0.1 and resolved.model.dtype == "float32"  # the run's own choices
     # Resolving the resolved config changes nothing (the driver resolves, then the job again).
-    assert pretrained.resolve_init_architecture(resolved).to_dict() == resolved.to_dict()
+    assert init_architecture.resolve_init_architecture(resolved).to_dict() == resolved.to_dict()
     # Fine-tuning keeps the checkpoint's rows.
     config = finetune_configs.get_config("size=base")
     config.init = str(hf_dir)
-    assert _architecture(pretrained.resolve_init_architecture(config)) == MINILM_ARCHITECTURE
+    assert _architecture(init_architecture.resolve_init_architecture(config)) == MINILM_ARCHITECTURE
 
 
 def test_explicit_fields_must_agree_and_every_disagreement_is_named_at_once(hf_dir, tmp_path):
@@ -73,12 +73,12 @@ def test_explicit_fields_must_agree_and_every_disagreement_is_named_at_once(hf_d
     config.init = str(hf_dir)
     # Set to the checkpoint's values: agreed, no error. A larger padded vocabulary is fine for pretraining.
     config.model.update(hidden_size=384, num_heads=12, vocab_size=30720)
-    resolved = pretrained.resolve_init_architecture(config)
+    resolved = init_architecture.resolve_init_architecture(config)
     assert resolved.model.vocab_size == 30720 and resolved.model.num_layers == 6
     # Different from the preset and from the checkpoint: all three named in one error.
     config.model.update(hidden_size=256, num_layers=4, intermediate_size=1024)
     with pytest.raises(ValueError) as error:
-        pretrained.resolve_init_architecture(config)
+        init_architecture.resolve_init_architecture(config)
     message = str(error.value)
     assert message.startswith(f"--config.init={hf_dir} ({hf_dir / 'config.json'}) has hidden_size=384 but "
                               "--config.model.hidden_size=256; has num_layers=6 but --config.model.num_layers=4; "
@@ -87,12 +87,12 @@ def test_explicit_fields_must_agree_and_every_disagreement_is_named_at_once(hf_d
     config = pretrain_configs.get_config("size=tiny,data=synthetic")
     config.init = str(hf_dir)
     with pytest.raises(ValueError, match=r"has num_layers=6 but --config\.model\.num_layers=2\. Fix"):
-        pretrained.resolve_init_architecture(config, command_line=["model.num_layers", "train.seed"])
+        init_architecture.resolve_init_architecture(config, command_line=["model.num_layers", "train.seed"])
     # Fewer rows than the checkpoint's cannot be padded to.
     config.model.vocab_size = 30000
     with pytest.raises(ValueError, match=r"has vocab_size=30522 but --config\.model\.vocab_size=30000 \(rows are "
                                          r"added on import, never dropped: at least 30522\)"):
-        pretrained.resolve_init_architecture(config)
+        init_architecture.resolve_init_architecture(config)
 
 
 @pytest.mark.filterwarnings(r"ignore:the load_module\(\) method is deprecated:DeprecationWarning")
@@ -109,7 +109,7 @@ def test_command_line_overrides_count_as_explicit(hf_dir, monkeypatch):
     overrides = config_flags.get_override_values(flag_values["config"])
     assert sorted(overrides) == ["init", "model.hidden_size", "model.num_heads"]
     with pytest.raises(ValueError, match=r"has num_heads=12 but --config\.model\.num_heads=2\. Fix"):
-        pretrained.resolve_init_architecture(flag_values.config, overrides)
+        init_architecture.resolve_init_architecture(flag_values.config, overrides)
 
 
 def test_original_tf_and_flax_export_configs(tmp_path):
@@ -123,10 +123,10 @@ def test_original_tf_and_flax_export_configs(tmp_path):
         "num_attention_heads": 4, "num_hidden_layers": 4, "type_vocab_size": 2, "vocab_size": 30522}))
     config = finetune_configs.get_config("size=tiny")
     config.init = str(original / "bert_model.ckpt")
-    source = pretrained.read_architecture(config.init)
+    source = init_architecture.read_architecture(config.init)
     assert source.format == "tf_checkpoint" and source.where == str(original / "bert_config.json")
     assert source.vocab_file is None  # no vocab.txt beside it
-    resolved = pretrained.resolve_init_architecture(config)
+    resolved = init_architecture.resolve_init_architecture(config)
     assert (resolved.model.num_layers, resolved.model.hidden_size, resolved.model.num_heads,
             resolved.model.intermediate_size, resolved.model.hidden_act) == (4, 256, 4, 1024, "gelu_tanh")
 
@@ -139,14 +139,14 @@ def test_original_tf_and_flax_export_configs(tmp_path):
     tokenization.load_tokenizer(_vocab(tmp_path / "vocab.txt", 130)).save(str(flax_dir))
     config = pretrain_configs.get_config("size=mini,data=tfrecord")
     config.init = str(flax_dir)
-    resolved = pretrained.resolve_init_architecture(config)
-    assert _architecture(resolved) == {field: getattr(bert, field) for field in pretrained.ARCHITECTURE_FIELDS}
+    resolved = init_architecture.resolve_init_architecture(config)
+    assert _architecture(resolved) == {field: getattr(bert, field) for field in init_architecture.ARCHITECTURE_FIELDS}
     assert resolved.data.vocab_file == str(flax_dir)
     # A vocabulary that is not the checkpoint's is refused, naming both sizes.
     config.data.vocab_file = _vocab(tmp_path / "other.txt", 300)
     with pytest.raises(ValueError, match=r"vocab_file=.*other\.txt has 300 entries but the checkpoint \(.*"
                                          r"bert_jax_config\.json\) has 256 word-embedding rows: not the vocabulary"):
-        pretrained.resolve_init_architecture(config)
+        init_architecture.resolve_init_architecture(config)
 
 
 def test_an_inconsistent_config_file_is_named_not_a_flag(hf_dir, tmp_path):
@@ -157,25 +157,25 @@ def test_an_inconsistent_config_file_is_named_not_a_flag(hf_dir, tmp_path):
     message = rf"{hf_dir / 'config.json'} is not a consistent BERT config: num_attention_heads=12 does not divide " \
               r"hidden_size=256\. Fix: correct that file"
     with pytest.raises(ValueError, match=message) as error:
-        pretrained.resolve_init_architecture(config)
+        init_architecture.resolve_init_architecture(config)
     assert "--config" not in str(error.value)
     (hf_dir / "config.json").write_text(json.dumps(dict(MINILM, num_hidden_layers=0, intermediate_size="big")))
     with pytest.raises(ValueError, match=r"config\.json is not a consistent BERT config: num_hidden_layers=0 is not "
                                          r"a positive integer; intermediate_size='big' is not a positive integer"):
-        pretrained.resolve_init_architecture(config)
+        init_architecture.resolve_init_architecture(config)
     (tmp_path / "flax").mkdir()
     (tmp_path / "flax" / export.FLAX_CONFIG).write_text(json.dumps({"hidden_size": 100, "num_heads": 3}))
     config.init = str(tmp_path / "flax")
     with pytest.raises(ValueError, match=r"bert_jax_config\.json is not a consistent BERT config: num_heads=3 does not "
                                          r"divide hidden_size=100"):
-        pretrained.resolve_init_architecture(config)
+        init_architecture.resolve_init_architecture(config)
 
 
 def test_a_missing_path_is_named(tmp_path):
     config = finetune_configs.get_config("size=tiny")
     config.init = str(tmp_path / "nowhere")
     with pytest.raises(FileNotFoundError, match=rf"--config.init={tmp_path / 'nowhere'} does not exist\. Fix: "):
-        pretrained.resolve_init_architecture(config)
+        init_architecture.resolve_init_architecture(config)
 
 
 def test_a_corpus_run_needs_the_checkpoints_tokenizer(hf_dir):
@@ -184,24 +184,24 @@ def test_a_corpus_run_needs_the_checkpoints_tokenizer(hf_dir):
     config.init = str(hf_dir)
     with pytest.raises(ValueError, match=r"has no tokenizer beside it and --config\.data\.vocab_file is empty.*"
                                          r"Fix: set --config\.data\.vocab_file"):
-        pretrained.resolve_init_architecture(config)
+        init_architecture.resolve_init_architecture(config)
 
 
 def test_a_bert_jax_run_gives_its_recorded_architecture_or_its_shapes(trained_run, tmp_path, caplog):
     """tests/_session.py's run: 2 layers, hidden 128, vocab 512, 64 positions; it wrote WORKDIR/model_config.json."""
     workdir = trained_run["workdir"]
-    recorded = json.loads(open(os.path.join(workdir, pretrained.RUN_MODEL_CONFIG), encoding="utf-8").read())
+    recorded = json.loads(open(os.path.join(workdir, init_architecture.RUN_MODEL_CONFIG), encoding="utf-8").read())
     assert (recorded["vocab_size"], recorded["max_position_embeddings"], recorded["num_heads"]) == (512, 64, 2)
     run = {"vocab_size": 512, "hidden_size": 128, "num_layers": 2, "num_heads": 2, "intermediate_size": 512,
            "hidden_act": "gelu_tanh", "max_position_embeddings": 64, "type_vocab_size": 2, "layer_norm_eps": 1e-12}
     for init in (os.path.join(workdir, "checkpoints"), os.path.join(workdir, "checkpoints", "4")):
-        source = pretrained.read_architecture(init)
-        assert source.values == run and source.where == os.path.join(workdir, pretrained.RUN_MODEL_CONFIG)
+        source = init_architecture.read_architecture(init)
+        assert source.values == run and source.where == os.path.join(workdir, init_architecture.RUN_MODEL_CONFIG)
     # The base preset's architecture gives way to the run's: vocab 512 rows kept as they are.
     config = pretrain_configs.get_config("size=base,data=synthetic")
     config.init = os.path.join(workdir, "checkpoints")
     with caplog.at_level(logging.WARNING):
-        assert _architecture(pretrained.resolve_init_architecture(config)) == run
+        assert _architecture(init_architecture.resolve_init_architecture(config)) == run
     # The recipe's learning rate and steps are base's: said, with the preset that has this size.
     assert "is not the base preset (it has 2 layers, hidden 128, 2 heads)" in caplog.text
     assert "size=tiny has the ones for its size" in caplog.text
@@ -209,15 +209,15 @@ def test_a_bert_jax_run_gives_its_recorded_architecture_or_its_shapes(trained_ru
     # Without the record (a run of an earlier version): what the array shapes say; the heads stay the config's.
     copy = tmp_path / "copy"
     shutil.copytree(os.path.join(workdir, "checkpoints"), copy / "checkpoints")
-    source = pretrained.read_architecture(str(copy / "checkpoints"))
+    source = init_architecture.read_architecture(str(copy / "checkpoints"))
     assert source.values == {field: run[field] for field in ("vocab_size", "hidden_size", "num_layers",
                                                               "intermediate_size", "max_position_embeddings",
                                                               "type_vocab_size")}
     # A record that contradicts the arrays is named.
-    (copy / pretrained.RUN_MODEL_CONFIG).write_text(json.dumps(dict(recorded, hidden_size=256, num_heads=4)))
+    (copy / init_architecture.RUN_MODEL_CONFIG).write_text(json.dumps(dict(recorded, hidden_size=256, num_heads=4)))
     with pytest.raises(ValueError, match=r"model_config\.json does not describe the checkpoint .*checkpoints/4: "
                                          r"hidden_size=256 there but 128 in the arrays"):
-        pretrained.read_architecture(str(copy / "checkpoints"))
+        init_architecture.read_architecture(str(copy / "checkpoints"))
 
 
 def test_pretraining_continues_from_a_run_with_the_presets_defaults(trained_run, small_records, tmp_path, caplog):
@@ -230,7 +230,7 @@ def test_pretraining_continues_from_a_run_with_the_presets_defaults(trained_run,
     with caplog.at_level(logging.INFO):
         pretraining.train_and_evaluate(config, str(tmp_path))
     assert "vocab_size=512" in caplog.text and "max_position_embeddings=64" in caplog.text
-    written = json.loads((tmp_path / pretrained.RUN_MODEL_CONFIG).read_text())
+    written = json.loads((tmp_path / init_architecture.RUN_MODEL_CONFIG).read_text())
     assert (written["vocab_size"], written["max_position_embeddings"]) == (512, 64)
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["1"]
 
@@ -239,10 +239,10 @@ def test_a_corpus_runs_tokenizer_is_found_through_its_data_step(trained_run, tmp
     """A run that made its data (data.source=corpus) names its tokenizer in WORKDIR/data/READY.json."""
     workdir = tmp_path / "run"
     shutil.copytree(os.path.join(trained_run["workdir"], "checkpoints"), workdir / "checkpoints")
-    shutil.copy(os.path.join(trained_run["workdir"], pretrained.RUN_MODEL_CONFIG), workdir)
+    shutil.copy(os.path.join(trained_run["workdir"], init_architecture.RUN_MODEL_CONFIG), workdir)
     tokenizer_dir = str(workdir / "data" / "tokenizer")
     tokenization.load_tokenizer(_vocab(tmp_path / "vocab.txt", 500)).save(tokenizer_dir)  # 500 entries, 512 rows
     (workdir / "data" / "READY.json").write_text(json.dumps({"tokenizer_dir": tokenizer_dir}))
     config = finetune_configs.get_config("size=tiny")
     config.init = str(workdir / "checkpoints" / "4")
-    assert pretrained.resolve_init_architecture(config).data.vocab_file == tokenizer_dir
+    assert init_architecture.resolve_init_architecture(config).data.vocab_file == tokenizer_dir

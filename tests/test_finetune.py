@@ -20,6 +20,7 @@ from bert_jax import export
 from bert_jax import finetune
 from bert_jax import model as model_lib
 from bert_jax import optim
+from bert_jax import init_architecture
 from bert_jax import pretrained as pretrained_lib
 from bert_jax import sharding as sharding_lib
 from bert_jax import train
@@ -519,7 +520,7 @@ def test_the_readme_finetuning_example_learns_with_the_recipe_defaults(trained_r
     step flag) must learn the 320-sentence keyword task: held-out accuracy >= 0.9 (chance is 0.5)."""
     run_dir, ft_dir = tmp_path / "bert_jax_run", tmp_path / "bert_jax_ft"
     shutil.copytree(os.path.join(trained_run["workdir"], "checkpoints"), run_dir / "checkpoints")
-    shutil.copy(os.path.join(trained_run["workdir"], pretrained_lib.RUN_MODEL_CONFIG), run_dir)
+    shutil.copy(os.path.join(trained_run["workdir"], init_architecture.RUN_MODEL_CONFIG), run_dir)
     texts = [text for text, _ in keyword_rows(320, 0)]
     tokenization.train_wordpiece(texts, vocab_size=200, output_dir=str(tmp_path / "words"), min_frequency=1)
     _vocab_of_size(str(tmp_path / "words"), 500, str(run_dir / "data" / "tokenizer"))
@@ -538,9 +539,9 @@ def test_the_readme_finetuning_example_learns_with_the_recipe_defaults(trained_r
     final = json.loads((ft_dir / "metrics.jsonl").read_text().splitlines()[-1])
     assert final["eval_accuracy"] >= 0.9, final
     saved = ft_dir / finetune.FINETUNED_SUBDIR
-    architecture = json.loads((saved / pretrained_lib.RUN_MODEL_CONFIG).read_text())  # the run's, not the preset's
+    architecture = json.loads((saved / init_architecture.RUN_MODEL_CONFIG).read_text())  # the run's, not the preset's
     assert (architecture["vocab_size"], architecture["max_position_embeddings"]) == (512, 64)
-    assert pretrained_lib.read_architecture(str(saved)).vocab_file == str(saved)  # its tokenizer is saved with it
+    assert init_architecture.read_architecture(str(saved)).vocab_file == str(saved)  # its tokenizer is saved with it
 
     driver([*as_here(features_command), "--config.data.max_seq_length=32"])
     features = np.load(ft_dir / "features.npy")

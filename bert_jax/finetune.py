@@ -360,9 +360,10 @@ def finetune(config, workdir: str) -> dict[str, float]:
                 continue
             host = jax.device_get(window)
             for offset, values in enumerate(host):
-                if not math.isfinite(float(values["loss"])):
-                    raise NonFiniteLossError(f"non-finite loss {values['loss']} at step {step - len(host) + 1 + offset}"
-                                             "; lower optim.learning_rate or check the data")
+                if not (math.isfinite(float(values["loss"])) and values["state_finite"] == 1.0):
+                    raise NonFiniteLossError(f"non-finite loss {values['loss']} or parameters at step "
+                                             f"{step - len(host) + 1 + offset}; lower optim.learning_rate or check "
+                                             "the data")
             scalars = {k: float(np.mean([values[k] for values in host]))
                        for k in ("loss", "accuracy", "grad_norm", "learning_rate")}
             scalars["examples_per_second"] = len(host) * train.batch_size / (time.perf_counter() - start)

@@ -107,10 +107,10 @@ def _check_workdir(path: str) -> None:
                          "directory you can write to") from None
 
 
-# User errors: a bad flag, field, file or path. The driver prints the message alone (it names the flag or file and
+# User errors (a bad flag, field, file or path) and a diverged run. The driver prints the message alone (it names the flag or file and
 # the fix); --verbosity=1 adds the traceback.
 USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError,
-               PermissionError)
+               PermissionError, train.NonFiniteLossError)
 
 
 def _main_reporting_user_errors(argv):

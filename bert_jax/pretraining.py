@@ -222,9 +222,19 @@ def train_and_evaluate(config, workdir: str) -> dict[str, float]:
 
         def consume(step, device_metrics):
             host = {k: float(v) for k, v in jax.device_get(device_metrics).items()}
-            if not math.isfinite(host["loss"]):
-                raise NonFiniteLossError(f"non-finite loss {host['loss']} at step {step}; stopping without "
-                                         "saving this state (lower optim.learning_rate or check the data)")
+            bad = [name for name, ok in (("loss", math.isfinite(host["loss"])),
+                                         ("gradient norm", math.isfinite(host["grad_norm"])),
+                                         ("parameters or optimizer state", host.pop("state_finite") == 1.0)) if not ok]
+            if bad:
+                checkpointer.wait()  # a save in flight completes: the last good checkpoint stays whole
+                last = checkpointer.latest_step()
+                how = (f"the last checkpoint, step {last} in {checkpointer.directory}, is intact: rerun to resume from "
+                       "it" if last is not None else "no checkpoint was saved before it: rerun to start again")
+                raise NonFiniteLossError(
+                    f"step {step} went non-finite ({', '.join(bad)}; loss {host['loss']:.6g}, gradient norm "
+                    f"{host['grad_norm']:.6g}); stopped without saving it. {how}, with a lower "
+                    "--config.optim.learning_rate (or stronger clipping, --config.optim.max_grad_norm), or skip the "
+                    "data that diverges")
             window.append(host)
 
         for step in range(int(state.step) + 1, train.num_steps + 1):

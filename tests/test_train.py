@@ -72,7 +72,7 @@ def test_train_step_reports_every_metric_and_the_loss_falls_on_a_repeated_batch(
     # The first step's metrics: all of them, and those of a random model, which predicts ~uniformly: MLM loss
     # near log(vocab), NSP loss near log(2).
     assert set(metrics) == {"loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy", "grad_norm",
-                            "learning_rate"}
+                            "learning_rate", "state_finite"}
     assert float(metrics["loss"]) == pytest.approx(float(metrics["mlm_loss"]) + float(metrics["nsp_loss"]), rel=1e-6)
     assert float(metrics["mlm_loss"]) == pytest.approx(np.log(helpers.TINY_VOCAB), rel=0.05)
     assert float(metrics["nsp_loss"]) == pytest.approx(np.log(2), rel=0.1)
@@ -201,8 +201,36 @@ def test_non_finite_loss_stops_the_run_naming_the_step(tmp_path, monkeypatch):
             yield batch
 
     monkeypatch.setattr(input_pipeline, "make_iterator", poisoned)
-    with pytest.raises(train.NonFiniteLossError, match="at step 4"):
+    with pytest.raises(train.NonFiniteLossError, match=r"step 4 went non-finite \(loss, gradient norm"):
         pretraining.train_and_evaluate(config, str(tmp_path))
+
+
+def test_a_diverging_run_never_checkpoints_a_non_finite_state_and_a_saner_rerun_resumes(tmp_path, caplog):
+    """A huge learning rate (reached after a warmup from 0) with a checkpoint every step: every checkpoint left holds
+    only finite arrays, the error names the last one, and a rerun resumes from it."""
+    import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
+    from bert_jax import checkpoint as checkpoint_lib  # pylint: disable=import-outside-toplevel
+    config = _one_layer(helpers.tiny_config((-1, 1, 1), num_steps=6, log_every=1))
+    config.optim.learning_rate, config.optim.warmup_steps, config.optim.max_grad_norm = 3e38, 2, 0.0
+    config.checkpoint.every_steps = 1
+    with pytest.raises(train.NonFiniteLossError, match=r"step \d went non-finite") as raised:
+        pretraining.train_and_evaluate(config, str(tmp_path))
+    directory = tmp_path / "checkpoints"
+    steps = sorted(int(path.name) for path in directory.iterdir() if path.name.isdigit())
+    assert steps and f"the last checkpoint, step {steps[-1]} in " in str(raised.value)
+    for step in steps:
+        arrays = ocp.StandardCheckpointer().restore(directory / str(step) / checkpoint_lib.STATE_ITEM)
+        for leaf in jax.tree.leaves(arrays):
+            leaf = np.asarray(leaf)
+            assert not np.issubdtype(leaf.dtype, np.inexact) or np.isfinite(leaf).all(), step
+    # The rerun resumes from that checkpoint. Its parameters are finite but already huge (the rate reached 1.5e38
+    # before anything overflowed), so the next step diverges again and is not saved either.
+    config.optim.learning_rate = 1e-3
+    with caplog.at_level("INFO", logger="absl"), pytest.raises(train.NonFiniteLossError) as again:
+        pretraining.train_and_evaluate(config, str(tmp_path))
+    assert f"resumed from {directory}/{steps[-1]} at step {steps[-1]} " in caplog.text
+    assert f"step {steps[-1] + 1} went non-finite" in str(again.value)
+    assert sorted(int(path.name) for path in directory.iterdir() if path.name.isdigit()) == steps
 
 
 def test_loop_logs_metrics_and_evaluates(trained_run):

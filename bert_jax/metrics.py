@@ -3,11 +3,11 @@
 import json
 import math
 import os
-import struct
 
 import jax
 
 from bert_jax import fileio
+from bert_jax.data import tfrecord
 
 # Dense bf16 peak FLOP/s per chip, for the MFU estimate; matched against jax.Device.device_kind.
 PEAK_FLOPS_BY_DEVICE_KIND = (
@@ -134,13 +134,14 @@ def drop_jsonl_records_after(path: str, step: int) -> int:
 
 def drop_events_after(directory: str, step: int) -> int:
     """Rewrites each TensorBoard event file in `directory` that holds events of steps after `step` (or a record
-    cut short by a kill) without them. Returns how many events were dropped.
+    cut short by a kill, or failing its CRC) without them. Returns how many events were dropped.
 
     Rewriting, rather than a SessionLog.START purge marker, leaves one event per tag and step for every reader:
     TensorBoard, and tf.compat.v1.train.summary_iterator or tf.data, which apply no purge.
     """
     if not fileio.exists(directory):
         return 0
+    from tensorboard.compat.proto import event_pb2  # pylint: disable=import-outside-toplevel
     dropped = 0
     for path in fileio.glob(fileio.join(directory, "*")):
         if path.endswith(_REWRITE_SUFFIX):
@@ -148,8 +149,9 @@ def drop_events_after(directory: str, step: int) -> int:
             continue
         if "tfevents" not in os.path.basename(path):
             continue
-        records, cut = _event_records(path)
-        kept = [record for record_step, record in records if record_step <= step]
+        records, cut = tfrecord.read_framed_records(path)
+        # A framed record is the 12-byte length header, the Event, and its 4-byte CRC.
+        kept = [record for record in records if event_pb2.Event.FromString(record[12:-4]).step <= step]
         if cut or len(kept) < len(records):
             def write(temporary, kept=kept):
                 with fileio.open_file(temporary, "wb") as file:
@@ -157,27 +159,3 @@ def drop_events_after(directory: str, step: int) -> int:
             _replace(path, write)
             dropped += len(records) - len(kept)
     return dropped
-
-
-def _event_records(path: str) -> tuple[list[tuple[int, bytes]], bool]:
-    """(step, the record's bytes as framed on disk) of each whole record of an event file (TFRecord framing:
-    uint64 length, its CRC, the Event, the Event's CRC), and whether the file ends in a record cut short."""
-    from tensorboard.compat.proto import event_pb2  # pylint: disable=import-outside-toplevel
-    from google.protobuf import message  # pylint: disable=import-outside-toplevel
-    records = []
-    with fileio.open_file(path, "rb") as file:
-        while True:
-            header = file.read(12)
-            if not header:
-                return records, False
-            if len(header) < 12:
-                return records, True
-            length = struct.unpack("<Q", header[:8])[0]
-            body = file.read(length + 4)
-            if len(body) < length + 4:
-                return records, True
-            try:
-                event = event_pb2.Event.FromString(body[:length])
-            except message.DecodeError:  # not a record: the file is damaged from here on
-                return records, True
-            records.append((event.step, header + body))

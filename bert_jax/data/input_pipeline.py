@@ -444,21 +444,6 @@ def make_iterator(data_config, *, split: str, batch_size: int, vocab_size: int, 
 
 
 # The config field that sets the length of each feature the records hold per sequence or per prediction.
-_LENGTH_FIELDS = {**dict.fromkeys(tfrecord.SEQUENCE_FEATURES, "max_seq_length"),
-                  **dict.fromkeys(tfrecord.PREDICTION_FEATURES, "max_predictions_per_seq")}
-
-
-def _first_record_lengths(path: str) -> dict[str, int]:
-    """{feature: length} of the first record of `path`; empty when it cannot be read (the layout check says why)."""
-    try:
-        record = next(iter(tf.data.TFRecordDataset(path).take(1).as_numpy_iterator()))
-        features = tf.train.Example.FromString(record).features.feature
-    except Exception:  # pylint: disable=broad-except
-        return {}
-    return {name: len(getattr(feature, feature.WhichOneof("kind")).value)
-            for name, feature in features.items() if feature.WhichOneof("kind")}
-
-
 def check_eval_files(data_config, *, mode: str = "train") -> list[str]:
     """Checks the held-out files (data.eval_input_files) at start-up, as the training files are checked when their
     input starts: they exist, hold one layout that data.masking can read, and the first one has the configured
@@ -472,16 +457,8 @@ def check_eval_files(data_config, *, mode: str = "train") -> list[str]:
     files = expand_globs(data_config.eval_input_files, flag=flag)
     lengths = {"max_seq_length": data_config.max_seq_length,
                "max_predictions_per_seq": data_config.max_predictions_per_seq}
-    try:
-        layout = tfrecord.check_record_layout(files[0], lengths["max_seq_length"], lengths["max_predictions_per_seq"])
-    except ValueError as error:
-        found = {}  # config field -> (feature, the file's length), from the first mismatching feature of each
-        file_lengths = _first_record_lengths(files[0])
-        for name, field in _LENGTH_FIELDS.items():
-            if name in file_lengths and file_lengths[name] != lengths[field]:
-                found.setdefault(field, (name, file_lengths[name]))
-        if not found:
-            raise
+
+    def describe(found):  # {config field: (feature, the file's length)}
         mismatches = "; ".join(f"feature {name!r} has length {length} but --config.data.{field}={lengths[field]}"
                                for field, (name, length) in found.items())
         configured = " and ".join(f"{field}={lengths[field]}" for field in found)
@@ -493,7 +470,10 @@ def check_eval_files(data_config, *, mode: str = "train") -> list[str]:
             fix = (f"held-out files must be made with the training's {configured}, the lengths of "
                    f"{_INPUT_FILES_FLAG}: regenerate them with {configured}, or point {flag} at files that have "
                    "them (changing the config's lengths instead would no longer fit the training data)")
-        raise ValueError(f"{files[0]} ({flag}): {mismatches}; {fix}") from error
+        return f" ({flag}): {mismatches}; {fix}"
+
+    layout = tfrecord.check_record_layout(files[0], lengths["max_seq_length"], lengths["max_predictions_per_seq"],
+                                          describe_lengths=describe)
     tfrecord.check_one_layout(files, layout, flag)
     _use_dynamic_masking(data_config.get("masking", "auto"), layout, flag)
     return files

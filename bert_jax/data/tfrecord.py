@@ -144,6 +144,24 @@ def _masked_crc(data: bytes) -> int:
     return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 
+def read_framed_records(path: str) -> tuple[list[bytes], bool]:
+    """Every whole record of the TFRecord file `path` as framed on disk (what frame_record returns), and whether the
+    file ends in a record cut short or failing its CRCs (that record and anything after it are left out)."""
+    with fileio.open_file(path, "rb") as file:
+        data = file.read()
+    records, offset = [], 0
+    while offset < len(data):
+        length = struct.unpack("<Q", data[offset:offset + 8])[0] if offset + 12 <= len(data) else None
+        end = offset + 12 + length + 4 if length is not None else len(data) + 1
+        if (end > len(data)
+                or struct.unpack("<I", data[offset + 8:offset + 12])[0] != _masked_crc(data[offset:offset + 8])
+                or struct.unpack("<I", data[end - 4:end])[0] != _masked_crc(data[offset + 12:end - 4])):
+            return records, True
+        records.append(data[offset:end])
+        offset = end
+    return records, False
+
+
 def frame_record(data: bytes) -> bytes:
     """One record in the TFRecord file format: length, masked CRC-32C of the length, data, masked CRC-32C of it."""
     length = struct.pack("<Q", len(data))
@@ -222,14 +240,21 @@ def record_format(path: str) -> str:
     return _layout_of(_first_example(path).features.feature)
 
 
-def check_record_layout(path: str, max_seq_length: int, max_predictions_per_seq: int) -> str:
+LENGTH_FIELDS = {**dict.fromkeys(SEQUENCE_FEATURES, "max_seq_length"),
+                 **dict.fromkeys(PREDICTION_FEATURES, "max_predictions_per_seq")}
+
+
+def check_record_layout(path: str, max_seq_length: int, max_predictions_per_seq: int, describe_lengths=None) -> str:
     """Compares the first record of `path` with the configured lengths; returns its layout (see `record_format`).
 
     A mismatch would otherwise surface as an opaque parse error deep inside tf.data, or not at all.
+    `describe_lengths`, if given, words the error for the length mismatches: it gets {config field: (feature, the
+    file's length)}, the first mismatching feature of each field, and returns the message after the path.
     """
     tf = _tf()
     features = _first_example(path).features.feature
     layout = _layout_of(features)
+    mismatches = {}
     expected = {name: (spec.shape[0], spec.dtype)
                 for name, spec in feature_spec(max_seq_length, max_predictions_per_seq, layout).items()}
     for name, (expected_length, dtype) in expected.items():
@@ -242,7 +267,9 @@ def check_record_layout(path: str, max_seq_length: int, max_predictions_per_seq:
         if features[name].WhichOneof("kind") != kind:
             raise ValueError(f"{path}: feature {name!r} is a {features[name].WhichOneof('kind')}, expected {kind}")
         found_length = len(getattr(features[name], kind).value)
-        if found_length != expected_length:
+        if found_length != expected_length and describe_lengths is not None and name in LENGTH_FIELDS:
+            mismatches.setdefault(LENGTH_FIELDS[name], (name, found_length))
+        elif found_length != expected_length:
             if name in SEQUENCE_FEATURES:
                 fix = f"set --config.data.max_seq_length={found_length} to match the data, or regenerate the data"
             elif name in PREDICTION_FEATURES:
@@ -252,6 +279,8 @@ def check_record_layout(path: str, max_seq_length: int, max_predictions_per_seq:
                 fix = "regenerate the data with create_pretraining_data.py"
             raise ValueError(f"{path}: feature {name!r} has length {found_length} but the config expects "
                              f"{expected_length}; {fix}")
+    if mismatches:
+        raise ValueError(f"{path}{describe_lengths(mismatches)}")
     return layout
 
 

@@ -17,9 +17,13 @@ checkpoint is never restored. Restoring onto a different mesh or device count wo
 shardings of the new state.
 """
 
+import collections
+import contextlib
 import dataclasses
+import logging as std_logging
 import os
 import signal
+import sys
 import threading
 import time
 from typing import Any
@@ -28,6 +32,7 @@ from absl import logging
 from etils import epath
 import jax
 from jax.experimental import multihost_utils
+import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers
@@ -37,6 +42,7 @@ from bert_jax import sharding as sharding_lib
 CHECKPOINT_SUBDIR = "checkpoints"
 STATE_ITEM = "state"  # {"train_state": TrainState, "rng": uint32 key data}
 DATA_ITEM = "data"  # one input-position file set per process
+INTEGRITY_ITEM = "integrity"  # JSON: {"checksums": {array name: [sum, weighted sum]}} of the state item's arrays
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -91,6 +97,14 @@ class CheckpointMismatchError(ValueError):
     """A readable checkpoint whose arrays do not fit this config (another model size, optimizer, ...)."""
 
 
+class CorruptCheckpointError(RuntimeError):
+    """A checkpoint that read back with other values than were saved, or with non-finite ones."""
+
+
+class CheckpointSaveError(RuntimeError):
+    """A save that failed (a full disk, permissions, the store's error). Earlier checkpoints are intact."""
+
+
 def _leaf_name(path) -> str:
     """'train_state.params.layer_0.attention.query.kernel' for any mix of dict, attribute and index keys."""
     parts = []
@@ -107,6 +121,43 @@ def _shapes(tree) -> dict[str, tuple]:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# Integrity: every saved array's bits summed twice (plainly, and weighted by position) in wrapping uint32
+# arithmetic. That is associative, so the sums come out the same for any sharding, mesh or reduction order, and one
+# pass over the state on its devices computes them; any change to one element changes the plain sum, and a reorder
+# the weighted one. Not a cryptographic hash: it guards against damage, not against tampering.
+
+def _bits(x):
+    if x.dtype == jnp.bool_:
+        return x.astype(jnp.uint32)
+    unsigned = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}[x.dtype.itemsize]
+    return jax.lax.bitcast_convert_type(x, unsigned).astype(jnp.uint32)
+
+
+def _leaf_summary(x):
+    """[sum, weighted sum, 1 if every value is finite else 0] of one array, as uint32."""
+    position, stride = jnp.zeros(x.shape, jnp.uint32), 1  # each element's row-major index, modulo 2**32
+    for axis in reversed(range(x.ndim)):
+        position = position + jax.lax.broadcasted_iota(jnp.uint32, x.shape, axis) * jnp.uint32(stride % 2**32)
+        stride *= x.shape[axis]
+    bits = _bits(x)
+    finite = jnp.isfinite(x).all() if jnp.issubdtype(x.dtype, jnp.inexact) else jnp.bool_(True)
+    return jnp.stack([jnp.sum(bits, dtype=jnp.uint32), jnp.sum(bits * (2 * position + 1), dtype=jnp.uint32),
+                      finite.astype(jnp.uint32)])
+
+
+_summaries = jax.jit(lambda tree: jax.tree.map(_leaf_summary, tree))
+
+
+def summarize(tree) -> tuple[dict[str, list[int]], list[str]]:
+    """({array name: [sum, weighted sum]}, [names of arrays holding a NaN or an infinity]) of a tree of arrays."""
+    checksums, non_finite = {}, []
+    for path, (plain, weighted, finite) in jax.tree_util.tree_leaves_with_path(jax.device_get(_summaries(tree))):
+        name = _leaf_name(path)
+        checksums[name] = [int(plain), int(weighted)]
+        if not finite:
+            non_finite.append(name)
+    return checksums, non_finite
+
 
 def _abstract(tree, shardings):
     return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
@@ -116,10 +167,12 @@ class Checkpointer:
     """The run's CheckpointManager: periodic asynchronous saves, retention, and the resume order."""
 
     def __init__(self, directory: str, *, every_steps: int, max_to_keep: int, keep_best: bool = False,
-                 async_save: bool = True):
+                 async_save: bool = True, checksums: bool = True):
         self.directory = directory
         self.every_steps = every_steps
         self.async_save = async_save
+        self.checksums = checksums  # off only to measure what they cost (bert_jax.benchmarks.checkpoint)
+        self._saving = None  # the step of the asynchronous save in flight, until its outcome is known
         policies = [checkpoint_managers.LatestN(n=max_to_keep)]
         if keep_best:
             # Lowest eval loss; checkpoints saved without an evaluation are kept by recency alone.
@@ -133,7 +186,8 @@ class Checkpointer:
         )
         self.manager = ocp.CheckpointManager(
             epath.Path(directory), options=options,
-            item_handlers={STATE_ITEM: ocp.StandardCheckpointHandler(), DATA_ITEM: DataIteratorHandler()})
+            item_handlers={STATE_ITEM: ocp.StandardCheckpointHandler(), DATA_ITEM: DataIteratorHandler(),
+                           INTEGRITY_ITEM: ocp.JsonCheckpointHandler()})
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
@@ -143,18 +197,29 @@ class Checkpointer:
 
     def save(self, step: int, state, rng: jax.Array, data_iterator, metrics: dict[str, float] | None = None) -> float:
         """Saves (asynchronously: starts saving) and logs which; returns the seconds the caller was blocked (the
-        whole write when synchronous; the host copy, and any previous save still in flight, when asynchronous)."""
+        whole write when synchronous; the host copy, and any previous save still in flight, when asynchronous).
+
+        A state holding a NaN or an infinity is never saved (CheckpointSaveError). A save that fails raises
+        CheckpointSaveError, here or, when asynchronous, from the next `check`, `wait` or `save`.
+        """
         start = time.perf_counter()
-        args = ocp.args.Composite(**{
-            STATE_ITEM: ocp.args.StandardSave({"train_state": state, "rng": jax.random.key_data(rng)}),
-            DATA_ITEM: DataIteratorSave(data_iterator),
-        })
+        saved = {"train_state": state, "rng": jax.random.key_data(rng)}
+        items = {STATE_ITEM: ocp.args.StandardSave(saved), DATA_ITEM: DataIteratorSave(data_iterator)}
+        if self.checksums:
+            checksums, non_finite = summarize(saved)
+            if non_finite:
+                raise CheckpointSaveError(f"refusing to save step {step}: the state holds NaN or infinite values in "
+                                          f"{len(non_finite)} array(s), e.g. {non_finite[:3]}")
+            items[INTEGRITY_ITEM] = ocp.args.JsonSave({"checksums": checksums})
         eval_loss = None
         if metrics and "eval_mlm_loss" in metrics:
             eval_loss = {"eval_loss": float(metrics["eval_mlm_loss"] + metrics["eval_nsp_loss"])}
-        self.manager.save(step, args=args, metrics=eval_loss, force=True)
+        self.wait()  # the previous save's outcome first: a failed one stops the run before another is started
+        with self._reporting_save_errors(step):
+            self.manager.save(step, args=ocp.args.Composite(**items), metrics=eval_loss, force=True)
         blocked = time.perf_counter() - start
         if self.async_save:
+            self._saving = step
             logging.info("checkpoint: saving step %d to %s in the background (the loop waited %.3f s)", step,
                          self.directory, blocked)
         else:
@@ -162,11 +227,41 @@ class Checkpointer:
                          self.directory, blocked)
         return blocked
 
+    @contextlib.contextmanager
+    def _reporting_save_errors(self, step: int):
+        try:
+            yield
+        except Exception as error:  # pylint: disable=broad-except  # whatever the store raised, named once
+            self._saving = None
+            last = self.manager.latest_step()
+            kept = (f"the last complete checkpoint, step {last}, is intact: fix the cause and rerun to resume from "
+                    "it" if last is not None and last != step else "fix the cause and rerun")
+            cause = " ".join(f"{type(error).__name__}: {error}".split())
+            raise CheckpointSaveError(f"saving checkpoint step {step} to {epath.Path(self.directory) / str(step)} "
+                                      f"failed ({cause[:600]}); {kept}") from error
+
+    def check(self) -> None:
+        """Raises CheckpointSaveError if the save in flight has failed; returns at once otherwise (every step)."""
+        if self._saving is not None and not self.manager.is_saving_in_progress():
+            self.wait()
+
     def wait(self) -> None:
-        self.manager.wait_until_finished()
+        """Waits for the save in flight; raises CheckpointSaveError if it failed."""
+        if self._saving is None:
+            return
+        with self._reporting_save_errors(self._saving):
+            self.manager.wait_until_finished()
+            self.manager.check_for_errors()
+        self._saving = None
 
     def close(self) -> None:
-        self.manager.wait_until_finished()
+        """Waits for the save in flight (raising CheckpointSaveError if it failed), then releases the manager."""
+        try:
+            self.wait()
+        except CheckpointSaveError:
+            with contextlib.suppress(Exception):  # the failure is already being reported
+                self.manager.close()
+            raise
         self.manager.close()
 
     def _check_fits(self, step: int, target) -> None:
@@ -197,24 +292,46 @@ class Checkpointer:
         items = {STATE_ITEM: ocp.args.StandardRestore(target)}
         if data_iterator is not None:
             items[DATA_ITEM] = DataIteratorRestore(data_iterator)
+        recorded = (epath.Path(self.directory) / str(step) / INTEGRITY_ITEM).exists()
+        if recorded:
+            items[INTEGRITY_ITEM] = ocp.args.JsonRestore()
         restored = self.manager.restore(step, args=ocp.args.Composite(**items))
         state = restored[STATE_ITEM]
+        self._verify(step, state, restored[INTEGRITY_ITEM]["checksums"] if recorded else None)
         return state["train_state"], jax.random.wrap_key_data(state["rng"])
 
+    def _verify(self, step: int, state, recorded: dict[str, list[int]] | None) -> None:
+        """Raises CorruptCheckpointError unless the restored arrays are finite and have the checksums they were
+        saved with (checkpoints written without checksums are checked for finite values only)."""
+        checksums, non_finite = summarize(state)
+        if non_finite:
+            raise CorruptCheckpointError(f"NaN or infinite values in {len(non_finite)} array(s), e.g. "
+                                         f"{non_finite[:3]}")
+        if recorded is None:
+            logging.warning("checkpoint %s has no checksums (written by an older bert_jax): its values are checked "
+                            "for NaNs only", epath.Path(self.directory) / str(step))
+            return
+        changed = sorted(name for name in checksums.keys() | recorded.keys()
+                         if checksums.get(name) != recorded.get(name))
+        if changed:
+            raise CorruptCheckpointError(f"{len(changed)} array(s) read back with other values than were saved "
+                                         f"(checksum mismatch), e.g. {changed[:3]}")
+
     def restore_latest(self, abstract_state, state_shardings, rng_sharding, data_iterator):
-        """(step, state, rng) of the newest checkpoint that restores, or None. Corrupt ones are moved aside."""
+        """(step, state, rng) of the newest checkpoint that restores, or None. A corrupt one (unreadable, partial,
+        failing its checksums, or holding non-finite values) is moved aside and the one before is tried."""
         for step in sorted(self.manager.all_steps(), reverse=True):
             try:
                 self._check_fits(step, {"train_state": abstract_state, "rng": jax.ShapeDtypeStruct((2,), np.uint32)})
-                result = self._restore_step(step, abstract_state, state_shardings, rng_sharding, data_iterator)
+                try:
+                    result = self._restore_step(step, abstract_state, state_shardings, rng_sharding, data_iterator)
+                except ProcessCountChangedError as changed:
+                    # Parameters and optimizer state are fine; only the input position cannot be carried over.
+                    logging.warning("%s; the input pipeline starts a new stream (seed train.seed + step)", changed)
+                    result = self._restore_step(step, abstract_state, state_shardings, rng_sharding, None)
                 error = None
             except CheckpointMismatchError:
                 raise
-            except ProcessCountChangedError as changed:
-                # Parameters and optimizer state are fine; only the input position cannot be carried over.
-                logging.warning("%s; the input pipeline starts a new stream (seed train.seed + step)", changed)
-                result = self._restore_step(step, abstract_state, state_shardings, rng_sharding, None)
-                error = None
             except Exception as exception:  # pylint: disable=broad-except  # any unreadable file means: skip it
                 result, error = None, exception
             if sharding_lib.all_processes_agree(error is None):
@@ -235,6 +352,56 @@ class Checkpointer:
         if jax.process_count() > 1:
             multihost_utils.sync_global_devices(f"bert_jax_set_aside_{step}")
         self.manager.reload()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Logs of the checkpoint libraries, for the driver to install (process-wide, so never on import).
+
+# Orbax, and TensorFlow's checkpointing of the input position, log every step of every save at INFO.
+_CHATTY = (f"{os.sep}orbax{os.sep}", os.path.join("tensorflow", "python", "checkpoint", ""))
+
+
+class QuietLogs(std_logging.Filter):
+    """Keeps every line of ours, and the checkpoint libraries' warnings and errors without their tracebacks
+    (--verbosity=1 keeps them). A failed save is logged by each of Orbax's threads and, at exit, by asyncio once per
+    abandoned write; bert_jax reports it once, so asyncio's repeats of one message are dropped too."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = set()
+
+    def filter(self, record) -> bool:
+        from_asyncio = record.name == "asyncio"
+        if not from_asyncio and not any(part in record.pathname for part in _CHATTY):
+            return True
+        if record.levelno < std_logging.WARNING:
+            return False
+        if logging.get_verbosity() < logging.DEBUG:
+            record.exc_info, record.exc_text = None, None
+            if from_asyncio:
+                first_line = record.getMessage().split("\n", 1)[0]
+                if first_line in self.seen:
+                    return False
+                self.seen.add(first_line)
+        return True
+
+
+QUIET_LOGS = QuietLogs()  # the driver adds it to absl's handler
+
+
+def report_unraisable_once(unraisable, seen=collections.Counter()) -> None:
+    """A sys.unraisablehook (the driver installs it): an exception that a background callback could not raise, logged once per message.
+
+    After a failed save or restore, each of TensorStore's pending callbacks finds Orbax's event loop closed and
+    prints the same traceback (a hundred or more per checkpoint); the error itself is reported once, by us.
+    """
+    key = f"{type(unraisable.exc_value).__name__}: {unraisable.exc_value}"
+    seen[key] += 1
+    if logging.get_verbosity() >= logging.DEBUG:
+        sys.__unraisablehook__(unraisable)
+    elif seen[key] == 1:
+        logging.warning("ignored in a background callback: %s (repeats are not logged; --verbosity=1 shows them)",
+                        key)
 
 
 def step_directory(path: str) -> epath.Path | None:

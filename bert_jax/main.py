@@ -5,7 +5,6 @@ TPU pod slice; see launch/ for the per-platform wrappers.
 """
 
 import importlib.util
-import logging as std_logging
 import os
 import sys
 
@@ -15,6 +14,7 @@ from absl import logging
 import jax
 from ml_collections import config_flags
 
+from bert_jax import checkpoint
 from bert_jax import fileio
 from bert_jax import finetune
 from bert_jax import init_architecture
@@ -45,19 +45,10 @@ flags.DEFINE_integer("process_id", -1, "This process's index, with --coordinator
 flags.mark_flags_as_required(["config", "workdir"])
 
 
-# Orbax, and TensorFlow's checkpointing of the input position, log every step of every save at INFO.
-_CHATTY = (f"{os.sep}orbax{os.sep}", os.path.join("tensorflow", "python", "checkpoint", ""))
-
-
-def _quiet_checkpointing(record) -> bool:
-    """Keeps the checkpoint libraries' warnings and errors, and every line of ours."""
-    return record.levelno >= std_logging.WARNING or not any(part in record.pathname for part in _CHATTY)
-
-
 def main(argv):
     if len(argv) > 1:
         raise ValueError(f"unexpected arguments {argv[1:]}: every setting is a --flag or a --config.FIELD=VALUE")
-    logging.get_absl_handler().addFilter(_quiet_checkpointing)
+    logging.get_absl_handler().addFilter(checkpoint.QUIET_LOGS)
     _check_workdir(FLAGS.workdir)
     sharding.initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
     mode, downstream = FLAGS.mode, FLAGS.mode in ("finetune", "features")
@@ -107,10 +98,10 @@ def _check_workdir(path: str) -> None:
                          "directory you can write to") from None
 
 
-# User errors (a bad flag, field, file or path) and a diverged run. The driver prints the message alone (it names the flag or file and
-# the fix); --verbosity=1 adds the traceback.
+# User errors (a bad flag, field, file or path), a diverged run and a failed save (a full disk). The driver prints
+# the message alone (it names the flag, file or path and the fix); --verbosity=1 adds the traceback.
 USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError,
-               PermissionError, train.NonFiniteLossError)
+               PermissionError, train.NonFiniteLossError, checkpoint.CheckpointSaveError)
 
 
 def _main_reporting_user_errors(argv):
@@ -172,6 +163,7 @@ def run():
     """Console-script entry point (`bert-jax`)."""
     os.environ["XLA_FLAGS"] = with_cpu_xla_flags(os.environ.get("XLA_FLAGS", ""))
     _without_an_absent_tpu()
+    sys.unraisablehook = checkpoint.report_unraisable_once
     app.run(_main_reporting_user_errors, flags_parser=_parse_flags)
 
 

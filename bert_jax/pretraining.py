@@ -5,6 +5,7 @@ ready (the driver runs bert_jax.data.workdir.prepare first for data.source=corpu
 checkpoint, --config.init or scratch, and runs the loop: log lines, evaluation, checkpoints, SIGTERM, profiling.
 """
 
+import contextlib
 import dataclasses
 import functools
 import math
@@ -237,53 +238,60 @@ def train_and_evaluate(config, workdir: str) -> dict[str, float]:
                     "data that diverges")
             window.append(host)
 
-        for step in range(int(state.step) + 1, train.num_steps + 1):
-            profiler.before_step(step)
-            batch = sharding_lib.make_global_batch(next(train_batches), batch_sharding)
-            state, metrics = train_step(state, batch, step_rng)
-            profiler.after_step(step, metrics)
-            # Reading the previous step's metrics keeps one step in flight while still naming a bad step exactly.
-            if pending is not None:
-                consume(*pending)
-            pending = (step, metrics)
-            if window_start is None:  # the first step includes compilation: time from its end
-                consume(*pending)
-                pending, window_start = None, time.perf_counter()
-            else:
-                timed_steps += 1
-            stop = preemption.should_stop(step)
-            save = checkpointer.should_save(step) or step == train.num_steps or stop
-            scalars = None
-            if save or step % train.log_every == 0 or stop:
-                if pending is not None:  # a state is saved only once its loss is known to be finite
+        try:
+            for step in range(int(state.step) + 1, train.num_steps + 1):
+                profiler.before_step(step)
+                batch = sharding_lib.make_global_batch(next(train_batches), batch_sharding)
+                state, metrics = train_step(state, batch, step_rng)
+                checkpointer.check()  # a background save that failed stops the run now, not at the next save
+                profiler.after_step(step, metrics)
+                # Reading the previous step's metrics keeps one step in flight while still naming a bad step exactly.
+                if pending is not None:
                     consume(*pending)
-                    pending = None
-            if step % train.log_every == 0 or step == train.num_steps or stop:
-                steps_per_second = timed_steps / (time.perf_counter() - window_start) if timed_steps else 0.0
-                scalars = {k: float(np.mean([m[k] for m in window])) for k in window[0]}
-                if steps_per_second:
-                    scalars["sequences_per_second"] = steps_per_second * train.batch_size
-                    scalars["tokens_per_second"] = scalars["sequences_per_second"] * data.max_seq_length
-                    if peak:
-                        scalars["mfu"] = flops_per_step * steps_per_second / peak
-                if data.eval_input_files and (step % train.eval_every == 0 or step == train.num_steps):
-                    eval_batches = run.make_iterator(split="eval", seed=train.seed)
-                    scalars.update(evaluate(eval_step, state.params, eval_batches, batch_sharding,
-                                            train.eval_steps))
-                logging.info("%s", metrics_lib.log_line(step, train.num_steps, scalars, steps_per_second))
-                writer.write(step, scalars)
-                last_logged = dict(scalars, step=step)
-                window, timed_steps, window_start = [], 0, time.perf_counter()
-            if save:
-                checkpointer.save(step, state, step_rng, train_batches, metrics=scalars)  # logs how it saved
-            if stop:
-                checkpointer.wait()
-                logging.warning("SIGTERM received: saved a checkpoint at step %d in %s; stopping. Run the same "
-                                "command again to resume.", step, checkpointer.directory)
-                last_logged["preempted_at_step"] = step
-                break
+                pending = (step, metrics)
+                if window_start is None:  # the first step includes compilation: time from its end
+                    consume(*pending)
+                    pending, window_start = None, time.perf_counter()
+                else:
+                    timed_steps += 1
+                stop = preemption.should_stop(step)
+                save = checkpointer.should_save(step) or step == train.num_steps or stop
+                scalars = None
+                if save or step % train.log_every == 0 or stop:
+                    if pending is not None:  # a state is saved only once its loss is known to be finite
+                        consume(*pending)
+                        pending = None
+                if step % train.log_every == 0 or step == train.num_steps or stop:
+                    steps_per_second = timed_steps / (time.perf_counter() - window_start) if timed_steps else 0.0
+                    scalars = {k: float(np.mean([m[k] for m in window])) for k in window[0]}
+                    if steps_per_second:
+                        scalars["sequences_per_second"] = steps_per_second * train.batch_size
+                        scalars["tokens_per_second"] = scalars["sequences_per_second"] * data.max_seq_length
+                        if peak:
+                            scalars["mfu"] = flops_per_step * steps_per_second / peak
+                    if data.eval_input_files and (step % train.eval_every == 0 or step == train.num_steps):
+                        eval_batches = run.make_iterator(split="eval", seed=train.seed)
+                        scalars.update(evaluate(eval_step, state.params, eval_batches, batch_sharding,
+                                                train.eval_steps))
+                    logging.info("%s", metrics_lib.log_line(step, train.num_steps, scalars, steps_per_second))
+                    writer.write(step, scalars)
+                    last_logged = dict(scalars, step=step)
+                    window, timed_steps, window_start = [], 0, time.perf_counter()
+                if save:
+                    checkpointer.save(step, state, step_rng, train_batches, metrics=scalars)  # logs how it saved
+                if stop:
+                    checkpointer.wait()
+                    logging.warning("SIGTERM received: saved a checkpoint at step %d in %s; stopping. Run the same "
+                                    "command again to resume.", step, checkpointer.directory)
+                    last_logged["preempted_at_step"] = step
+                    break
+        except BaseException:
+            with contextlib.suppress(Exception):  # a save in flight completes before the error is raised
+                checkpointer.close()
+            raise
+        finally:
+            preemption.close()
         checkpointer.close()
-        preemption.close()
     writer.close()
     return last_logged
 

@@ -92,9 +92,10 @@ def test_restore_onto_other_meshes(tmp_path):
 
 
 @pytest.mark.slow
-def test_interrupted_run_resumes_exactly_and_skips_a_corrupt_checkpoint(tmp_path, caplog, small_records):
+def test_interrupted_run_resumes_exactly_and_skips_corrupt_checkpoints(tmp_path, caplog, small_records):
     """A run resumed from its step-4 checkpoint reproduces the uninterrupted run's losses bit for bit (same
-    batches, dynamic masks and dropout); a truncated newest checkpoint is skipped for the one before."""
+    batches, dynamic masks and dropout). The two newer checkpoints are damaged: flipped bytes in step 8 (which
+    still reads, with other values: the checksums catch it) and a truncated step 6; both are set aside."""
     config = helpers.small_tfrecord_config(small_records, dropout=True, num_steps=8, log_every=1)
     config.train.batch_size = 8
     config.model.num_layers = 1  # one layer shows exactness; the step compiles twice, as it would after a restart
@@ -107,19 +108,28 @@ def test_interrupted_run_resumes_exactly_and_skips_a_corrupt_checkpoint(tmp_path
     expected = _metrics(run)
     assert sorted(expected) == list(range(1, 9))
     assert sorted(os.listdir(run / "checkpoints")) == ["2", "4", "6", "8"]
-    # Interrupted after step 6: step 8 never written, and step 6 half written. Truncate every file of its state:
-    # it must be skipped, not restored, and the run must go on from step 4.
-    shutil.rmtree(run / "checkpoints" / "8")
+    # Step 8: 64 bytes flipped in the middle of its largest file (compressed array data: it decodes, to other values).
+    largest = max((path for path in glob.glob(str(run / "checkpoints" / "8" / "state" / "**" / "*"), recursive=True)
+                   if os.path.isfile(path)), key=os.path.getsize)
+    with open(largest, "r+b") as file:
+        file.seek(os.path.getsize(largest) // 2)
+        data = file.read(64)
+        file.seek(-len(data), os.SEEK_CUR)
+        file.write(bytes(byte ^ 0x01 for byte in data))
+    # Step 6: interrupted half-way through its write. Truncate every file of its state.
     for path in glob.glob(str(run / "checkpoints" / "6" / "state" / "**" / "*"), recursive=True):
         if os.path.isfile(path) and os.path.getsize(path) > 0:
             with open(path, "r+b") as file:
                 file.truncate(os.path.getsize(path) // 2)
     with caplog.at_level(logging.INFO):
         pretraining.train_and_evaluate(copy.deepcopy(config), str(run))
+    # Which of the two checks fires depends on the values the damage decodes to (here a NaN): either sets it aside.
+    assert re.search(rf"checkpoint {run / 'checkpoints' / '8'} is corrupt or partial \(CorruptCheckpointError: "
+                     r"(NaN or infinite values in|\d+ array\(s\) read back with other values)", caplog.text)
     assert f"checkpoint {run / 'checkpoints' / '6'} is corrupt or partial" in caplog.text
     assert f"resumed from {run / 'checkpoints' / '4'} at step 4" in caplog.text
-    assert os.path.isdir(run / "checkpoints" / "6.corrupt")  # kept for inspection, not deleted
-    assert sorted(os.listdir(run / "checkpoints")) == ["2", "4", "6", "6.corrupt", "8"]
+    # Kept for inspection, not deleted.
+    assert sorted(os.listdir(run / "checkpoints")) == ["2", "4", "6", "6.corrupt", "8", "8.corrupt"]
     # Steps 5-8 ran twice; the resumed run replaced the first run's records of them.
     logged = [json.loads(line)["step"] for line in open(run / "metrics.jsonl", encoding="utf-8")]
     assert logged == list(range(1, 9))
@@ -127,6 +137,54 @@ def test_interrupted_run_resumes_exactly_and_skips_a_corrupt_checkpoint(tmp_path
     for step in range(5, 9):
         for name in ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "grad_norm"):
             assert got[step][name] == expected[step][name], (step, name)
+
+
+def test_checkpoints_with_changed_or_non_finite_values_are_set_aside_and_never_saved(tmp_path, caplog):
+    """Step 3 holds a NaN (written without checks, as an older bert_jax could), step 2 an element changed after the
+    save (its checksums no longer match): both are set aside and step 1 restores. A NaN state is never saved."""
+    mesh = jax.make_mesh((8,), ("data",))
+    sharded = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    iterator = input_pipeline.synthetic_batches(batch_size=8, max_seq_length=32, max_predictions_per_seq=5,
+                                                vocab_size=512, seed=0)
+    directory = tmp_path / "checkpoints"
+    weights = np.arange(16, dtype=np.float32)
+    with_nan = weights.copy()
+    with_nan[5] = np.nan
+    for step, values, checksums in ((1, weights, True), (2, weights, True), (3, with_nan, False)):
+        checkpointer = checkpoint_lib.Checkpointer(str(directory), every_steps=1, max_to_keep=5, checksums=checksums)
+        checkpointer.save(step, {"weights": jax.device_put(values, sharded)}, jax.random.key(step), iterator)
+        checkpointer.close()
+    checkpointer = checkpoint_lib.Checkpointer(str(directory), every_steps=1, max_to_keep=5)
+    with pytest.raises(checkpoint_lib.CheckpointSaveError,
+                       match=r"refusing to save step 4: .* \['train_state.weights'\]"):
+        checkpointer.save(4, {"weights": jax.device_put(with_nan, sharded)}, jax.random.key(4), iterator)
+    checkpointer.close()
+    assert sorted(os.listdir(directory)) == ["1", "2", "3"]
+    # Step 2's array rewritten in place with one element 1 ulp off: it reads back cleanly, with another value.
+    state_dir = directory / "2" / checkpoint_lib.STATE_ITEM
+    import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
+    saved = jax.tree.map(np.array, jax.device_get(ocp.StandardCheckpointer().restore(state_dir)))
+    saved["train_state"]["weights"][9] = np.nextafter(saved["train_state"]["weights"][9], np.float32(np.inf))
+    shutil.rmtree(state_dir)
+    with ocp.StandardCheckpointer() as writer:
+        writer.save(state_dir, saved)
+
+    abstract = {"weights": jax.ShapeDtypeStruct((16,), np.float32)}
+    with caplog.at_level(logging.INFO, logger="absl"):
+        checkpointer = checkpoint_lib.Checkpointer(str(directory), every_steps=1, max_to_keep=5)
+        step, restored, _ = checkpointer.restore_latest(abstract, {"weights": sharded}, replicated, iterator)
+        checkpointer.close()
+    assert step == 1
+    np.testing.assert_array_equal(jax.device_get(restored["weights"]), weights)
+    assert (f"checkpoint {directory / '3'} is corrupt or partial (CorruptCheckpointError: NaN or infinite values in "
+            "1 array(s), e.g. ['train_state.weights'])") in caplog.text
+    assert (f"checkpoint {directory / '2'} is corrupt or partial (CorruptCheckpointError: 1 array(s) read back with "
+            "other values than were saved (checksum mismatch), e.g. ['train_state.weights'])") in caplog.text
+    assert sorted(os.listdir(directory)) == ["1", "2.corrupt", "3.corrupt"]
+    # The checksums see the order of the elements, not only their values.
+    assert (checkpoint_lib.summarize({"a": jax.numpy.asarray([1.0, 2.0])})[0]
+            != checkpoint_lib.summarize({"a": jax.numpy.asarray([2.0, 1.0])})[0])
 
 
 def test_saves_say_how_they_saved_and_a_restore_warns_of_nothing(tmp_path, caplog):

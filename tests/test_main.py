@@ -111,6 +111,39 @@ def test_console_script_refuses_a_misspelt_field_with_one_message(tmp_path):
     assert line.startswith("bert_jax: error: ") and "learning_rat" in line
 
 
+@pytest.mark.slow
+def test_a_failed_save_stops_the_run_with_one_message_and_the_last_checkpoint_resumes(tmp_path, caplog,
+                                                                                       driver_flags):
+    """A full disk, made by a file-size limit on the driver process (`ulimit -f`: a write past it fails with EFBIG
+    as one would with ENOSPC, and no mount is needed): the step-15 save fails, the run stops with one message
+    naming the checkpoint, the cause and the intact one, no traceback, and the next run resumes from step 10.
+    The write is asynchronous: the loop learns of the failure when it happens, some steps after step 15."""
+    args = [f"--workdir={tmp_path}", f"--config={PRETRAIN}:size=tiny,data=synthetic", "--config.model.num_layers=1",
+            "--config.model.vocab_size=512", "--config.data.max_seq_length=32", "--config.train.batch_size=8",
+            "--config.data.max_predictions_per_seq=5", "--config.checkpoint.every_steps=5",
+            "--config.train.log_every=5"]
+    _main(driver_flags, caplog, *args, "--config.train.num_steps=10")
+    checkpoints = tmp_path / "checkpoints"
+    assert sorted(os.listdir(checkpoints)) == ["10", "5"]
+    # 256 KiB: the metrics files stay under it; a checkpoint's array data (1.6 MB) does not.
+    full_disk = ("bash", "-c", 'ulimit -f 256 && exec "$0" "$@"', sys.executable, "-m", "bert_jax.main")
+    result = _run(args[1:] + ["--config.train.num_steps=40"], tmp_path, full_disk)
+    assert result.returncode == 1, result.stderr[-3000:]
+    [line] = [line for line in result.stderr.splitlines() if line.startswith("bert_jax: error: ")]
+    assert line.startswith(f"bert_jax: error: saving checkpoint step 15 to {checkpoints / '15'} failed (")
+    assert "File too large" in line
+    assert line.endswith("the last complete checkpoint, step 10, is intact: fix the cause and rerun to resume "
+                         "from it")
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert len(result.stderr.splitlines()) < 200  # the config dump and a few lines: no flood
+    # Stopped once the background write failed: at the latest, before the next save would start (step 20).
+    assert "step 25/40" not in result.stderr and "saving step 20" not in result.stderr
+    assert "15" not in os.listdir(checkpoints)  # no partial checkpoint looks whole
+    log = _main(driver_flags, caplog, *args, "--config.train.num_steps=12")
+    assert f"resumed from {checkpoints / '10'} at step 10" in log
+    assert sorted(os.listdir(checkpoints)) == ["10", "12", "5"]
+
+
 @pytest.mark.parametrize("args, message", [
     (["--config.train.batch_size=6"], "--config.train.batch_size=6 must be a positive multiple of the 8 "
      "data-parallel devices"),

@@ -42,7 +42,7 @@ from bert_jax import sharding as sharding_lib
 CHECKPOINT_SUBDIR = "checkpoints"
 STATE_ITEM = "state"  # {"train_state": TrainState, "rng": uint32 key data}
 DATA_ITEM = "data"  # one input-position file set per process
-INTEGRITY_ITEM = "integrity"  # JSON: {"checksums": {array name: [sum, weighted sum]}} of the state item's arrays
+INTEGRITY_ITEM = "integrity"  # JSON: {"checksums": {array name: checksum}} of the state item's arrays
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -121,10 +121,10 @@ def _shapes(tree) -> dict[str, tuple]:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Integrity: every saved array's bits summed twice (plainly, and weighted by position) in wrapping uint32
-# arithmetic. That is associative, so the sums come out the same for any sharding, mesh or reduction order, and one
-# pass over the state on its devices computes them; any change to one element changes the plain sum, and a reorder
-# the weighted one. Not a cryptographic hash: it guards against damage, not against tampering.
+# Integrity: every saved array's bits summed, each weighted by its odd position factor 2 * index + 1, in wrapping
+# uint32 arithmetic. That is associative, so the sum comes out the same for any sharding, mesh or reduction order,
+# and one pass over the state on its devices computes it. Any change to one element changes it (an odd factor is
+# invertible modulo 2**32), and so does almost any reordering. A guard against damage, not a cryptographic hash.
 
 def _bits(x):
     if x.dtype == jnp.bool_:
@@ -134,26 +134,25 @@ def _bits(x):
 
 
 def _leaf_summary(x):
-    """[sum, weighted sum, 1 if every value is finite else 0] of one array, as uint32."""
+    """[checksum, 1 if every value is finite else 0] of one array, as uint32."""
     position, stride = jnp.zeros(x.shape, jnp.uint32), 1  # each element's row-major index, modulo 2**32
     for axis in reversed(range(x.ndim)):
         position = position + jax.lax.broadcasted_iota(jnp.uint32, x.shape, axis) * jnp.uint32(stride % 2**32)
         stride *= x.shape[axis]
-    bits = _bits(x)
+    checksum = jnp.sum(_bits(x) * (2 * position + 1), dtype=jnp.uint32)
     finite = jnp.isfinite(x).all() if jnp.issubdtype(x.dtype, jnp.inexact) else jnp.bool_(True)
-    return jnp.stack([jnp.sum(bits, dtype=jnp.uint32), jnp.sum(bits * (2 * position + 1), dtype=jnp.uint32),
-                      finite.astype(jnp.uint32)])
+    return jnp.stack([checksum, finite.astype(jnp.uint32)])
 
 
 _summaries = jax.jit(lambda tree: jax.tree.map(_leaf_summary, tree))
 
 
-def summarize(tree) -> tuple[dict[str, list[int]], list[str]]:
-    """({array name: [sum, weighted sum]}, [names of arrays holding a NaN or an infinity]) of a tree of arrays."""
+def summarize(tree) -> tuple[dict[str, int], list[str]]:
+    """({array name: checksum}, [names of arrays holding a NaN or an infinity]) of a tree of arrays."""
     checksums, non_finite = {}, []
-    for path, (plain, weighted, finite) in jax.tree_util.tree_leaves_with_path(jax.device_get(_summaries(tree))):
+    for path, (checksum, finite) in jax.tree_util.tree_leaves_with_path(jax.device_get(_summaries(tree))):
         name = _leaf_name(path)
-        checksums[name] = [int(plain), int(weighted)]
+        checksums[name] = int(checksum)
         if not finite:
             non_finite.append(name)
     return checksums, non_finite
@@ -171,7 +170,7 @@ class Checkpointer:
         self.directory = directory
         self.every_steps = every_steps
         self.async_save = async_save
-        self.checksums = checksums  # off only to measure what they cost (bert_jax.benchmarks.checkpoint)
+        self.checksums = checksums  # and the checks on restore; off only to measure their cost (benchmarks.checkpoint)
         self._saving = None  # the step of the asynchronous save in flight, until its outcome is known
         policies = [checkpoint_managers.LatestN(n=max_to_keep)]
         if keep_best:
@@ -297,10 +296,11 @@ class Checkpointer:
             items[INTEGRITY_ITEM] = ocp.args.JsonRestore()
         restored = self.manager.restore(step, args=ocp.args.Composite(**items))
         state = restored[STATE_ITEM]
-        self._verify(step, state, restored[INTEGRITY_ITEM]["checksums"] if recorded else None)
+        if self.checksums:
+            self._verify(step, state, restored[INTEGRITY_ITEM]["checksums"] if recorded else None)
         return state["train_state"], jax.random.wrap_key_data(state["rng"])
 
-    def _verify(self, step: int, state, recorded: dict[str, list[int]] | None) -> None:
+    def _verify(self, step: int, state, recorded: dict[str, int] | None) -> None:
         """Raises CorruptCheckpointError unless the restored arrays are finite and have the checksums they were
         saved with (checkpoints written without checksums are checked for finite values only)."""
         checksums, non_finite = summarize(state)
@@ -390,7 +390,8 @@ QUIET_LOGS = QuietLogs()  # the driver adds it to absl's handler
 
 
 def report_unraisable_once(unraisable, seen=collections.Counter()) -> None:
-    """A sys.unraisablehook (the driver installs it): an exception that a background callback could not raise, logged once per message.
+    """A sys.unraisablehook (the driver installs it): an exception that a background callback could not raise,
+    logged once per message.
 
     After a failed save or restore, each of TensorStore's pending callbacks finds Orbax's event loop closed and
     prints the same traceback (a hundred or more per checkpoint); the error itself is reported once, by us.

@@ -360,8 +360,9 @@ def finetune(config, workdir: str) -> dict[str, float]:
                 continue
             host = jax.device_get(window)
             for offset, values in enumerate(host):
-                if not (math.isfinite(float(values["loss"])) and values["state_finite"] == 1.0):
-                    raise NonFiniteLossError(f"non-finite loss {values['loss']} or parameters at step "
+                if not (math.isfinite(float(values["loss"])) and math.isfinite(float(values["grad_norm"]))
+                        and values["params_finite"] == 1.0):
+                    raise NonFiniteLossError(f"non-finite loss {values['loss']}, gradient norm or parameters at step "
                                              f"{step - len(host) + 1 + offset}; lower optim.learning_rate or check "
                                              "the data")
             scalars = {k: float(np.mean([values[k] for values in host]))

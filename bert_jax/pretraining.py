@@ -225,7 +225,7 @@ def train_and_evaluate(config, workdir: str) -> dict[str, float]:
             host = {k: float(v) for k, v in jax.device_get(device_metrics).items()}
             bad = [name for name, ok in (("loss", math.isfinite(host["loss"])),
                                          ("gradient norm", math.isfinite(host["grad_norm"])),
-                                         ("parameters or optimizer state", host.pop("state_finite") == 1.0)) if not ok]
+                                         ("parameters", host.pop("params_finite") == 1.0)) if not ok]
             if bad:
                 checkpointer.wait()  # a save in flight completes: the last good checkpoint stays whole
                 last = checkpointer.latest_step()

@@ -72,7 +72,7 @@ def test_train_step_reports_every_metric_and_the_loss_falls_on_a_repeated_batch(
     # The first step's metrics: all of them, and those of a random model, which predicts ~uniformly: MLM loss
     # near log(vocab), NSP loss near log(2).
     assert set(metrics) == {"loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy", "grad_norm",
-                            "learning_rate", "state_finite"}
+                            "learning_rate", "params_finite"}
     assert float(metrics["loss"]) == pytest.approx(float(metrics["mlm_loss"]) + float(metrics["nsp_loss"]), rel=1e-6)
     assert float(metrics["mlm_loss"]) == pytest.approx(np.log(helpers.TINY_VOCAB), rel=0.05)
     assert float(metrics["nsp_loss"]) == pytest.approx(np.log(2), rel=0.1)

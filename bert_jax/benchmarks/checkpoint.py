@@ -3,7 +3,8 @@
 For each preset it creates the real train state (fp32 parameters + AdamW moments) on all devices and prints:
 how long an asynchronous save blocks the caller (the copy to host memory) and, where the train step is timed
 (`--step_sizes`), that time as a fraction of one step; how long the background write takes; how long a restore
-into freshly sharded arrays takes; and the checkpoint's size on disk.
+into freshly sharded arrays takes; and the checkpoint's size on disk. Saves and restores are timed with the
+integrity checks and without them, interleaved, to show what the checks cost.
 """
 
 import os
@@ -81,28 +82,34 @@ def measure(size: str, directory: str, time_step: bool) -> dict[str, float]:
                                      params=jax.tree.map(lambda p, u: p + u, state.params, updates))
             state = jax.jit(update, out_shardings=shardings, donate_argnums=0)(state)
         jax.block_until_ready(state)
-        checkpointer = checkpoint_lib.Checkpointer(directory, every_steps=1, max_to_keep=1)
-        blocked, written = [], []
-        for save in range(FLAGS.saves):
-            blocked.append(checkpointer.save(save + 1, state, jax.random.key(1), batches))
-            start = time.perf_counter()
-            checkpointer.wait()
-            written.append(time.perf_counter() - start + blocked[-1])
-        checkpointer.close()
-        result["save_blocking_s"] = statistics.median(blocked)
-        result["save_total_s"] = statistics.median(written)
-        result["size_bytes"] = _disk_bytes(os.path.join(directory, str(FLAGS.saves)))
         result["parameters"] = sum(x.size for x in jax.tree.leaves(state.params))
-        del state
-
-        abstract, shardings, _ = train.abstract_train_state(model, tx, mesh, rules, data.max_seq_length,
-                                                            data.max_predictions_per_seq)
-        checkpointer = checkpoint_lib.Checkpointer(directory, every_steps=1, max_to_keep=1)
-        start = time.perf_counter()
-        _, restored, _ = checkpointer.restore_latest(abstract, shardings, replicated, batches)
-        jax.block_until_ready(restored)
-        result["restore_s"] = time.perf_counter() - start
-        checkpointer.close()
+        abstract, abstract_shardings, _ = train.abstract_train_state(model, tx, mesh, rules, data.max_seq_length,
+                                                                     data.max_predictions_per_seq)
+        # Saves and restores with and without the integrity checks, interleaved so that both see the same machine.
+        blocked, written, restore = {False: [], True: []}, {False: [], True: []}, {False: [], True: []}
+        for save in range(FLAGS.saves):
+            for checksums in (False, True):
+                subdirectory = os.path.join(directory, f"checksums_{checksums}")
+                checkpointer = checkpoint_lib.Checkpointer(subdirectory, every_steps=1, max_to_keep=1,
+                                                           checksums=checksums)
+                blocked[checksums].append(checkpointer.save(save + 1, state, jax.random.key(1), batches))
+                start = time.perf_counter()
+                checkpointer.wait()
+                written[checksums].append(time.perf_counter() - start + blocked[checksums][-1])
+                checkpointer.close()
+                checkpointer = checkpoint_lib.Checkpointer(subdirectory, every_steps=1, max_to_keep=1,
+                                                           checksums=checksums)
+                start = time.perf_counter()
+                _, restored, _ = checkpointer.restore_latest(abstract, abstract_shardings, replicated, batches)
+                jax.block_until_ready(restored)
+                restore[checksums].append(time.perf_counter() - start)
+                checkpointer.close()
+                del restored
+        for checksums, suffix in ((True, ""), (False, "_unchecked")):
+            result["save_blocking_s" + suffix] = statistics.median(blocked[checksums])
+            result["save_total_s" + suffix] = statistics.median(written[checksums])
+            result["restore_s" + suffix] = statistics.median(restore[checksums])
+        result["size_bytes"] = _disk_bytes(os.path.join(directory, "checksums_True", str(FLAGS.saves)))
     return result
 
 
@@ -110,16 +117,20 @@ def main(argv):
     del argv
     root = FLAGS.directory or tempfile.mkdtemp(prefix="bert_jax_ckpt_bench_")
     print(f"devices: {jax.device_count()} x {jax.devices()[0].device_kind}; checkpoints under {root}")
-    print(f"{'size':<6} {'params':>12} {'on disk':>10} {'step s':>8} {'save blocks s':>14} {'% of step':>9} "
-          f"{'save total s':>13} {'restore s':>10}")
+    print("Each save and restore with the integrity checks (checksums at save, checksums and finite values at "
+          "restore), and in brackets without them.")
+    print(f"{'size':<6} {'params':>12} {'on disk':>10} {'step s':>8} {'save blocks s':>20} {'% of step':>9} "
+          f"{'save total s':>20} {'restore s':>20}")
     try:
         for size in FLAGS.size:
             figures = measure(size, os.path.join(root, size), size in FLAGS.step_sizes)
             step = figures.get("step_s")
             fraction = f"{figures['save_blocking_s'] / step:.1%}" if step else "-"
+            both = {name: f"{figures[name]:.3f} ({figures[name + '_unchecked']:.3f})"
+                    for name in ("save_blocking_s", "save_total_s", "restore_s")}
             print(f"{size:<6} {figures['parameters']:>12,} {figures['size_bytes'] / 2**30:>8.2f} GiB "
-                  f"{step if step else float('nan'):>8.3f} {figures['save_blocking_s']:>14.3f} {fraction:>9} "
-                  f"{figures['save_total_s']:>13.2f} {figures['restore_s']:>10.2f}", flush=True)
+                  f"{step if step else float('nan'):>8.3f} {both['save_blocking_s']:>20} {fraction:>9} "
+                  f"{both['save_total_s']:>20} {both['restore_s']:>20}", flush=True)
     finally:
         if not FLAGS.directory:
             shutil.rmtree(root, ignore_errors=True)

@@ -187,6 +187,9 @@ def tfrecord_dataset(patterns: str, *, batch_size: int, max_seq_length: int, max
     # A resumed or repeated run must see the same batches for the same seed.
     options = tf.data.Options()
     options.deterministic = True
+    # No autotuning thread: deleting an iterator waits out that thread's sleep, which grows through a run (tens of
+    # seconds at the end of a run). AUTOTUNE stages then take tf.data's fixed defaults, faster in our input benchmark.
+    options.autotune.enabled = False
     return dataset.with_options(options)
 
 

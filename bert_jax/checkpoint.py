@@ -166,7 +166,7 @@ class Checkpointer:
     """The run's CheckpointManager: periodic asynchronous saves, retention, and the resume order."""
 
     def __init__(self, directory: str, *, every_steps: int, max_to_keep: int, keep_best: bool = False,
-                 async_save: bool = True, checksums: bool = True):
+                 async_save: bool = True, compression: bool = False, checksums: bool = True):
         self.directory = directory
         self.every_steps = every_steps
         self.async_save = async_save
@@ -185,7 +185,8 @@ class Checkpointer:
         )
         self.manager = ocp.CheckpointManager(
             epath.Path(directory), options=options,
-            item_handlers={STATE_ITEM: ocp.StandardCheckpointHandler(), DATA_ITEM: DataIteratorHandler(),
+            item_handlers={STATE_ITEM: ocp.PyTreeCheckpointHandler(use_compression=compression),
+                           DATA_ITEM: DataIteratorHandler(),
                            INTEGRITY_ITEM: ocp.JsonCheckpointHandler()})
 
     def latest_step(self) -> int | None:
@@ -203,7 +204,7 @@ class Checkpointer:
         """
         start = time.perf_counter()
         saved = {"train_state": state, "rng": jax.random.key_data(rng)}
-        items = {STATE_ITEM: ocp.args.StandardSave(saved), DATA_ITEM: DataIteratorSave(data_iterator)}
+        items = {STATE_ITEM: ocp.args.PyTreeSave(saved), DATA_ITEM: DataIteratorSave(data_iterator)}
         if self.checksums:
             checksums, non_finite = summarize(saved)
             if non_finite:
@@ -288,7 +289,8 @@ class Checkpointer:
     def _restore_step(self, step: int, abstract_state, state_shardings, rng_sharding, data_iterator):
         target = {"train_state": _abstract(abstract_state, state_shardings),
                   "rng": jax.ShapeDtypeStruct((2,), np.uint32, sharding=rng_sharding)}
-        items = {STATE_ITEM: ocp.args.StandardRestore(target)}
+        items = {STATE_ITEM: ocp.args.PyTreeRestore(
+            item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target))}
         if data_iterator is not None:
             items[DATA_ITEM] = DataIteratorRestore(data_iterator)
         recorded = (epath.Path(self.directory) / str(step) / INTEGRITY_ITEM).exists()

@@ -113,7 +113,8 @@ def _checkpointer(run: _Run) -> checkpoint_lib.Checkpointer:
     ckpt = run.config.checkpoint
     return checkpoint_lib.Checkpointer(fileio.join(run.workdir, checkpoint_lib.CHECKPOINT_SUBDIR),
                                        every_steps=ckpt.every_steps, max_to_keep=ckpt.max_to_keep,
-                                       keep_best=ckpt.keep_best, async_save=ckpt.async_save)
+                                       keep_best=ckpt.keep_best, async_save=ckpt.async_save,
+                                       compression=ckpt.compression)
 
 
 def _start_state(run: _Run, checkpointer, train_batches):

@@ -1,9 +1,9 @@
 """Orbax checkpoints of a whole run: train state, the dropout RNG, and every process's input position.
 
-Where a run starts from (`Checkpointer.restore_or_init` decides it, in this order):
-1. The workdir's own checkpoints (WORKDIR/checkpoints): the latest one that restores. A corrupt or partial one is
-   skipped with a warning naming it, moved aside to `STEP.corrupt` (kept, never deleted), and the one before is
-   used. A run restarted after a crash or a preemption continues exactly where it stopped: same parameters,
+Where a run starts from (`Checkpointer.restore_latest` and bert_jax.pretraining decide it, in this order):
+1. The workdir's own checkpoints (WORKDIR/checkpoints): the latest one that restores. A corrupt or partial one
+   (unreadable, failing its checksums, or holding a NaN) is skipped with a warning naming it, moved aside to
+   `STEP.corrupt` (kept, never deleted), and the one before is used. A run restarted after a crash or a preemption continues exactly where it stopped: same parameters,
    optimizer state, step, RNG and input position, so the losses are the ones the uninterrupted run would have had.
 2. `--config.init`: a checkpoint of another run (a step directory, or a checkpoints directory whose latest step is
    taken): its parameters only; the optimizer, step counter, schedule and input start afresh (continued
@@ -13,7 +13,8 @@ Where a run starts from (`Checkpointer.restore_or_init` decides it, in this orde
 Saves are asynchronous by default: `save` blocks only while the arrays are copied to host memory; writing happens
 in the background (checkpoint.async_save=False: in the foreground), into a temporary directory that becomes the
 step directory only once complete (an atomic rename on local disks, a commit marker on GCS), so a half-written
-checkpoint is never restored. Restoring onto a different mesh or device count works: arrays are read into the
+checkpoint is never restored. A save that fails raises CheckpointSaveError once its write reports it; a state
+holding a NaN is never saved. Restoring onto a different mesh or device count works: arrays are read into the
 shardings of the new state.
 """
 

@@ -42,6 +42,8 @@ flags.DEFINE_string("coordinator_address", "", "host:port of process 0, for mult
                     "and SLURM (which are detected automatically).")
 flags.DEFINE_integer("num_processes", 0, "Number of processes, with --coordinator_address.")
 flags.DEFINE_integer("process_id", -1, "This process's index, with --coordinator_address.")
+flags.DEFINE_integer("heartbeat_timeout_s", 30, "Multi-process runs: a process silent for this long counts as dead, "
+                     "and the others stop (restart them all to resume).")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -50,7 +52,8 @@ def main(argv):
         raise ValueError(f"unexpected arguments {argv[1:]}: every setting is a --flag or a --config.FIELD=VALUE")
     logging.get_absl_handler().addFilter(checkpoint.QUIET_LOGS)
     _check_workdir(FLAGS.workdir)
-    sharding.initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
+    sharding.initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id,
+                                    FLAGS.heartbeat_timeout_s)
     mode, downstream = FLAGS.mode, FLAGS.mode in ("finetune", "features")
     try:
         # --config.init's architecture (and tokenizer) first; the fields named on the command line must agree with it.

@@ -18,25 +18,31 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 MESH_AXES = ("data", "fsdp", "tensor")
 
 
-def initialize_distributed(coordinator_address: str = "", num_processes: int = 0, process_id: int = -1) -> None:
+def initialize_distributed(coordinator_address: str = "", num_processes: int = 0, process_id: int = -1,
+                           heartbeat_timeout_s: int = 30) -> None:
     """Starts jax.distributed when the run spans several processes; a no-op for a single process.
 
     Explicit flags win. Otherwise JAX's own cluster detection is used where a multi-process cluster is visible:
     Cloud TPU pod slices (several TPU worker hostnames), SLURM jobs with more than one task, and Open MPI /
     torchrun-style launches. A single-host TPU VM, a laptop or a one-task SLURM job starts no coordinator.
+    A process that sends no heartbeat for `heartbeat_timeout_s` seconds counts as dead: JAX then ends every other
+    process ("Terminating process because the JAX distributed service detected fatal errors ... another task
+    died"), rather than leaving them waiting in a collective; restarting all of them resumes.
     """
+    if heartbeat_timeout_s < 1:
+        raise ValueError(f"--heartbeat_timeout_s={heartbeat_timeout_s}: must be a positive number of seconds")
     if coordinator_address or num_processes > 1:
         if not (coordinator_address and num_processes > 0 and process_id >= 0):
             raise ValueError("--coordinator_address, --num_processes and --process_id must be given together "
                              f"(got {coordinator_address!r}, {num_processes}, {process_id})")
         jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes,
-                                   process_id=process_id)
+                                   process_id=process_id, heartbeat_timeout_seconds=heartbeat_timeout_s)
         return
     tpu_hosts = [h for h in os.environ.get("TPU_WORKER_HOSTNAMES", "").split(",") if h]
     slurm_tasks = int(os.environ.get("SLURM_NTASKS", "1") or 1)
     mpi_tasks = int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1") or 1)
     if len(tpu_hosts) > 1 or slurm_tasks > 1 or mpi_tasks > 1:
-        jax.distributed.initialize()
+        jax.distributed.initialize(heartbeat_timeout_seconds=heartbeat_timeout_s)
 
 
 def all_processes_agree(ok: bool) -> bool:

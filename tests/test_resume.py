@@ -234,3 +234,26 @@ def test_two_processes_train_like_one_stop_together_on_sigterm_and_resume(tmp_pa
     assert "written by a different number of processes" in caplog.text
     assert f"resumed from {pair}/checkpoints/{end} at step {end} " in caplog.text
     assert max(_metrics(pair)) == end + 1
+
+
+@pytest.mark.slow
+def test_a_killed_process_stops_the_other_within_the_heartbeat_and_a_restart_resumes(tmp_path):
+    """kill -9 of one of two processes: the other, waiting in a collective, stops within --heartbeat_timeout_s
+    (10 s here; 30 by default) with JAX's message that another task died, instead of hanging; restarting both
+    resumes from the last complete checkpoint."""
+    pair = tmp_path / "pair"
+    logs = [tmp_path / "pair.log", tmp_path / "restart.log"]
+    heartbeat = ["--heartbeat_timeout_s=10"]
+    processes = _start_pair(pair, [*SYNTHETIC_RUN, *ENDLESS, *heartbeat], logs[0])
+    _wait_for_step(processes[0], pair, 3, logs[0])
+    processes[1].kill()
+    killed = time.time()
+    code = processes[0].wait(timeout=120)
+    waited = time.time() - killed
+    assert code != 0 and waited < 40, (code, waited)  # 10.5 s when measured alone; the margin is for a busy machine
+    assert "another task died" in _read(logs[0])
+    saved = _checkpoint_steps(pair)[-1]
+    end = saved + 2
+    _wait(_start_pair(pair, [*SYNTHETIC_RUN, f"--config.train.num_steps={end}", *heartbeat], logs[1]), logs[1])
+    assert f"resumed from {pair}/checkpoints/{saved} at step {saved} " in _read(logs[1])
+    assert _checkpoint_steps(pair)[-1] == end

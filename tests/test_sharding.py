@@ -216,6 +216,8 @@ def test_mesh_fills_minus_one():
 def test_partial_distributed_flags_are_refused():
     with pytest.raises(ValueError, match="--coordinator_address, --num_processes and --process_id"):
         sharding_lib.initialize_distributed(coordinator_address="10.0.0.1:1234", num_processes=2)
+    with pytest.raises(ValueError, match="--heartbeat_timeout_s=0: must be a positive number of seconds"):
+        sharding_lib.initialize_distributed(heartbeat_timeout_s=0)
 
 
 def test_global_batch_is_sharded_over_the_batch_axes():

@@ -272,7 +272,7 @@ def format_reports(reports: list[AotReport]) -> str:
         ("topology", lambda r: r.topology),
         ("device kind", lambda r: r.device_kind),
         ("chips (hosts)", lambda r: f"{r.num_chips} ({r.num_hosts})"),
-        ("mesh data,fsdp,tensor", lambda r: ",".join(str(size) for size in r.mesh.values())),
+        ("mesh dcn_data,data,fsdp,tensor", lambda r: ",".join(str(size) for size in r.mesh.values())),
         ("global batch x seq", lambda r: f"{r.batch_size} x {r.seq_length}"),
         ("dtype, parameters", lambda r: f"{r.dtype}, {r.num_params / 1e6:.1f}M"),
         *compiled_rows,

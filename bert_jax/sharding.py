@@ -1,7 +1,8 @@
 """Device mesh, logical-to-mesh sharding rules, state and batch shardings, and multi-process start-up.
 
-The mesh has three axes: `data` (pure data parallelism), `fsdp` (data parallelism with parameters and optimizer
-state sharded) and `tensor` (heads, MLP and vocab split, Megatron style). Parameters name their dimensions
+The mesh has four axes: `dcn_data` (data parallelism across pod slices, size 1 on one slice), and within a slice
+`data` (pure data parallelism), `fsdp` (data parallelism with parameters and optimizer state sharded) and `tensor`
+(heads, MLP and vocab split, Megatron style). Parameters name their dimensions
 logically (see bert_jax.model); `config.mesh.rules` maps those names onto mesh axes.
 """
 
@@ -15,7 +16,9 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-MESH_AXES = ("data", "fsdp", "tensor")
+# "dcn_data" runs across pod slices (joined by the data-centre network): data parallelism only, so that the one
+# collective crossing slices is the gradient all-reduce. The others run inside a slice, over its ICI links.
+MESH_AXES = ("dcn_data", "data", "fsdp", "tensor")
 
 
 def initialize_distributed(coordinator_address: str = "", num_processes: int = 0, process_id: int = -1,
@@ -53,34 +56,60 @@ def all_processes_agree(ok: bool) -> bool:
     return bool(np.all(multihost_utils.process_allgather(np.asarray(ok))))
 
 
-def mesh_shape(mesh_config, num_devices: int) -> tuple[int, int, int]:
-    """Resolves the (data, fsdp, tensor) sizes, filling one -1 with the devices left over; errors name the field."""
-    sizes = [int(mesh_config[axis]) for axis in MESH_AXES]
-    fill = [axis for axis, size in zip(MESH_AXES, sizes) if size == -1]
+def mesh_shape(mesh_config, num_devices: int) -> tuple[int, int, int, int]:
+    """Resolves the (dcn_data, data, fsdp, tensor) sizes, filling one -1 among the slice's axes with the devices
+    left over; errors name the field."""
+    slices = int(mesh_config.get("dcn_data", 1))
+    if slices < 1:
+        raise ValueError(f"--config.mesh.dcn_data={slices}: must be the number of slices, 1 or more")
+    if num_devices % slices:
+        raise ValueError(f"--config.mesh.dcn_data={slices} does not divide the {num_devices} devices: set it to "
+                         "the number of slices the job runs on")
+    per_slice = num_devices // slices
+    axes = MESH_AXES[1:]
+    sizes = [int(mesh_config[axis]) for axis in axes]
+    fill = [axis for axis, size in zip(axes, sizes) if size == -1]
     if len(fill) > 1:
-        raise ValueError(f"--config.mesh: only one axis may be -1, got {dict(zip(MESH_AXES, sizes))}")
-    for axis, size in zip(MESH_AXES, sizes):
+        raise ValueError(f"--config.mesh: only one axis may be -1, got {dict(zip(axes, sizes))}")
+    for axis, size in zip(axes, sizes):
         if size == 0 or size < -1:
             raise ValueError(f"--config.mesh.{axis}={size}: must be a positive size or -1")
     known = math.prod(size for size in sizes if size != -1)
     if fill:
-        if num_devices % known:
+        if per_slice % known:
             raise ValueError(f"--config.mesh: the fixed axes multiply to {known}, which does not divide the "
-                             f"{num_devices} devices, so mesh.{fill[0]}=-1 cannot be filled")
-        sizes[MESH_AXES.index(fill[0])] = num_devices // known
-    if math.prod(sizes) != num_devices:
+                             f"{per_slice} devices of a slice, so mesh.{fill[0]}=-1 cannot be filled")
+        sizes[axes.index(fill[0])] = per_slice // known
+    if math.prod(sizes) != per_slice:
+        where = f"{per_slice} devices per slice ({num_devices} over {slices} slices)" if slices > 1 else (
+            f"{num_devices} devices")
         raise ValueError(f"--config.mesh: data*fsdp*tensor = {'*'.join(map(str, sizes))} = {math.prod(sizes)} "
-                         f"but there are {num_devices} devices; make the product equal the device count "
-                         "(or set one axis to -1)")
-    return tuple(sizes)
+                         f"but there are {where}; make the product equal that count (or set one axis to -1)")
+    return (slices, *sizes)
 
 
 def create_mesh(mesh_config, devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """A (data, fsdp, tensor) mesh over `devices` (default: all devices of all processes)."""
+    """A (dcn_data, data, fsdp, tensor) mesh over `devices` (default: all devices of all processes).
+
+    Over several slices, each slice's devices form the (data, fsdp, tensor) part and the slices line up along
+    dcn_data. TPU devices know their slice (`slice_index`); devices that do not (CPU, GPU) are taken as
+    consecutive groups of equal size.
+    """
     devices = list(jax.devices() if devices is None else devices)
     shape = mesh_shape(mesh_config, len(devices))
     axis_types = (jax.sharding.AxisType.Auto,) * len(MESH_AXES)
-    return jax.make_mesh(shape, MESH_AXES, axis_types=axis_types, devices=devices)
+    if shape[0] == 1:
+        return jax.make_mesh(shape, MESH_AXES, axis_types=axis_types, devices=devices)
+    if all(hasattr(device, "slice_index") for device in devices):
+        found = len({device.slice_index for device in devices})
+        if found != shape[0]:
+            raise ValueError(f"--config.mesh.dcn_data={shape[0]} but the devices span {found} slice(s): set it to "
+                             f"{found}")
+        from jax.experimental import mesh_utils  # pylint: disable=import-outside-toplevel
+        grid = mesh_utils.create_hybrid_device_mesh((1, *shape[1:]), (shape[0], 1, 1, 1), devices=devices)
+    else:
+        grid = np.asarray(devices).reshape(shape)
+    return Mesh(grid, MESH_AXES, axis_types=axis_types)
 
 
 def logical_rules(mesh_config) -> tuple[tuple[str, Any], ...]:

@@ -40,13 +40,14 @@ def _parse_arg(arg):
 def mesh_config() -> ml_collections.ConfigDict:
     """The mesh section, shared by every recipe (configs/finetune.py too)."""
     mesh = ml_collections.ConfigDict()
-    mesh.data = -1  # data-parallel axis size; -1 fills the devices left over by the other axes
+    mesh.dcn_data = 1  # pod slices the job spans (data parallel across them, over the data-centre network)
+    mesh.data = -1  # data-parallel axis size within a slice; -1 fills the devices left over by the other axes
     mesh.fsdp = 1  # fully-sharded data-parallel axis size (parameters and optimizer state sharded over it)
     mesh.tensor = 1  # tensor-parallel axis size (heads, mlp and vocab split over it)
-    # Logical axis -> mesh axes. The batch goes over ('fsdp', 'data') in that order: XLA:CPU computed wrong gradients
-    # for ('data', 'fsdp') with FSDP + TP parameters (see tests/test_sharding.py, which guards this).
+    # Logical axis -> mesh axes. The batch goes over the slices, then ('fsdp', 'data') in that order: XLA:CPU
+    # computed wrong gradients for ('data', 'fsdp') with FSDP + TP parameters (tests/test_sharding.py guards this).
     mesh.rules = (
-        ("batch", ("fsdp", "data")),
+        ("batch", ("dcn_data", "fsdp", "data")),
         ("length", None),
         ("act_embed", None),
         ("act_heads", "tensor"),

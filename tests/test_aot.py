@@ -66,7 +66,7 @@ def test_compiled_step_memory_is_the_sharded_state_plus_activations():
     _require_libtpu()
     _, report = _compiled_tiny()
     assert (report.num_chips, report.num_hosts, report.device_kind) == (4, 1, "TPU v5 lite")
-    assert report.mesh == {"data": 1, "fsdp": 2, "tensor": 2}
+    assert report.mesh == {"dcn_data": 1, "data": 1, "fsdp": 2, "tensor": 2}
     for field in ("argument_bytes", "output_bytes", "alias_bytes", "temp_bytes", "generated_code_bytes",
                   "xla_peak_bytes"):
         assert getattr(report, field) > 0, field
@@ -160,7 +160,7 @@ def test_cli_prints_the_table():
                  if re.search(r"\S\s{2,}\S", line))
     assert lines["topology"] == TOPOLOGY
     assert lines["chips (hosts)"] == "4 (1)"
-    assert lines["mesh data,fsdp,tensor"] == "4,1,1"
+    assert lines["mesh dcn_data,data,fsdp,tensor"] == "1,4,1,1"
     assert lines["global batch x seq"] == "8 x 128"
     assert lines["fits"].startswith("yes")
     for label in ("per chip: arguments", "per chip: total", "per chip: XLA peak"):

@@ -38,7 +38,9 @@ def _config(**train_overrides):
 
 
 def _state_on_mesh(config, mesh_shape):
-    config.mesh.data, config.mesh.fsdp, config.mesh.tensor = mesh_shape
+    """`mesh_shape`: (data, fsdp, tensor) on one slice, or (dcn_data, data, fsdp, tensor)."""
+    config.mesh.dcn_data, config.mesh.data, config.mesh.fsdp, config.mesh.tensor = (
+        mesh_shape if len(mesh_shape) == 4 else (1, *mesh_shape))
     mesh = sharding_lib.create_mesh(config.mesh)
     rules = sharding_lib.logical_rules(config.mesh)
     model = model_lib.BertForPreTraining(model_lib.BertConfig.from_config(config.model))
@@ -47,10 +49,11 @@ def _state_on_mesh(config, mesh_shape):
 
 
 def test_restore_onto_other_meshes(tmp_path):
-    """Saved on (2,2,2), restored on (8,1,1) and (1,1,8): every parameter and optimizer moment is equal."""
+    """Saved on 2 slices of (1,2,2), restored on one slice of (8,1,1) and of (1,1,8): every parameter and optimizer
+    moment is equal."""
     config = _config()
     config.model.num_layers = 1  # one layer shows every kind of parameter and its sharding
-    mesh, rules, model, tx = _state_on_mesh(config, (2, 2, 2))
+    mesh, rules, model, tx = _state_on_mesh(config, (2, 1, 2, 2))
     with jax.set_mesh(mesh):
         state, shardings = train.create_train_state(model, tx, mesh, rules, jax.random.key(0), 32, 5)
 
@@ -84,7 +87,7 @@ def test_restore_onto_other_meshes(tmp_path):
         np.testing.assert_array_equal(jax.random.key_data(rng), jax.random.key_data(jax.random.key(42)))
         # The arrays really are laid out for the new mesh.
         embedding = restored.params["embeddings"]["word_embeddings"]["embedding"]
-        assert embedding.sharding.mesh.devices.shape == mesh_shape
+        assert embedding.sharding.mesh.devices.shape == (1, *mesh_shape)
         assert embedding.sharding == shardings.params["embeddings"]["word_embeddings"]["embedding"]
         for path, (want, got) in zip(jax.tree_util.tree_leaves_with_path(saved),
                                      zip(jax.tree.leaves(saved), jax.tree.leaves(jax.device_get(restored)))):

@@ -78,7 +78,7 @@ def test_driver_trains_on_original_tfrecords_and_evaluates(tmp_path, caplog, dri
                 f"--config.data.input_files={fixtures}/sample_seq128.tfrecord",
                 f"--config.data.eval_input_files={fixtures}/sample_seq128_wwm.tfrecord", *COMMON)
     assert "step 8/8" in log
-    assert "mesh {'data': 2, 'fsdp': 2, 'tensor': 2} over 8 devices" in log
+    assert "mesh {'dcn_data': 1, 'data': 2, 'fsdp': 2, 'tensor': 2} over 8 devices" in log
     metrics = _metrics(tmp_path)
     assert [m["step"] for m in metrics] == [4, 8]
     assert all(m["tokens_per_second"] > 0 for m in metrics)

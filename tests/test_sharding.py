@@ -171,7 +171,7 @@ def test_batch_axis_order_does_not_change_gradients(reference):
     # parameters; whichever order a user's rules pick, the gradients must stay those of the unsharded model. The
     # default order, ('fsdp', 'data'), is the mesh test's on (2, 2, 2); this is the other one. Its gradient function
     # is compared with the gradient the unsharded train step's first moment gives back, which also checks that reading.
-    assert dict(helpers.tiny_config().mesh.rules)["batch"] == ("fsdp", "data")
+    assert dict(helpers.tiny_config().mesh.rules)["batch"] == ("dcn_data", "fsdp", "data")
     batches, expected = reference
     loss, grads, _ = _loss_and_grads((2, 2, 2), batches[0], FIRST_STEP_DROPOUT_RNG, batch_axes=("data", "fsdp"))
     assert abs(loss - expected.losses[0]) <= 1e-5 * abs(expected.losses[0])
@@ -203,6 +203,9 @@ def test_uneven_dimension_is_replicated_not_refused():
     ({"data": -1, "fsdp": -1, "tensor": 1}, "only one axis may be -1"),
     ({"data": -1, "fsdp": 3, "tensor": 1}, "does not divide the 8 devices"),
     ({"data": 0, "fsdp": 8, "tensor": 1}, "--config.mesh.data=0"),
+    ({"dcn_data": 3, "data": -1, "fsdp": 1, "tensor": 1}, "--config.mesh.dcn_data=3 does not divide the 8 devices"),
+    ({"dcn_data": 0, "data": -1, "fsdp": 1, "tensor": 1}, "--config.mesh.dcn_data=0: must be the number of slices"),
+    ({"dcn_data": 2, "data": 8, "fsdp": 1, "tensor": 1}, r"there are 4 devices per slice \(8 over 2 slices\)"),
 ])
 def test_bad_mesh_is_refused_with_the_field(sizes, message):
     with pytest.raises(ValueError, match=message):
@@ -210,7 +213,24 @@ def test_bad_mesh_is_refused_with_the_field(sizes, message):
 
 
 def test_mesh_fills_minus_one():
-    assert sharding_lib.mesh_shape({"data": -1, "fsdp": 2, "tensor": 2}, 8) == (2, 2, 2)
+    assert sharding_lib.mesh_shape({"data": -1, "fsdp": 2, "tensor": 2}, 8) == (1, 2, 2, 2)
+    assert sharding_lib.mesh_shape({"dcn_data": 2, "data": -1, "fsdp": 2, "tensor": 1}, 8) == (2, 2, 2, 1)
+
+
+def test_two_slices_of_cpu_devices_shard_the_batch_over_both():
+    """Devices without a slice_index (CPU) form slices of consecutive devices; the batch's first half goes to the
+    first slice, and parameters are not split across slices (only the gradient all-reduce crosses them)."""
+    config = helpers.tiny_config((1, 2, 2))
+    config.mesh.dcn_data = 2
+    mesh = sharding_lib.create_mesh(config.mesh)
+    assert dict(mesh.shape) == {"dcn_data": 2, "data": 1, "fsdp": 2, "tensor": 2}
+    assert [device.id for device in mesh.devices[0].flat] == [0, 1, 2, 3]
+    rules = sharding_lib.logical_rules(config.mesh)
+    sharding = sharding_lib.batch_sharding(mesh, rules)
+    assert sharding.spec == PartitionSpec(("dcn_data", "fsdp", "data"))
+    rows = {device.id: index[0] for device, index in sharding.devices_indices_map((8, 32)).items()}
+    assert all(rows[device].stop <= 4 for device in range(4)) and all(rows[device].start >= 4 for device in range(4, 8))
+    assert "dcn_data" not in str(sharding_lib.mesh_spec(("vocab", "embed"), (512, 128), mesh, rules))
 
 
 def test_partial_distributed_flags_are_refused():
@@ -225,6 +245,6 @@ def test_global_batch_is_sharded_over_the_batch_axes():
     batch = _batches(helpers.TINY_VOCAB, 1)[0]
     global_batch = sharding_lib.make_global_batch(batch, sharding_lib.batch_sharding(mesh, rules))
     ids = global_batch["input_ids"]
-    assert ids.sharding.spec == PartitionSpec(("fsdp", "data"))
+    assert ids.sharding.spec == PartitionSpec(("dcn_data", "fsdp", "data"))
     assert ids.addressable_shards[0].data.shape == (BATCH // 4, SEQ)  # 4-way over data x fsdp, whole rows
     np.testing.assert_array_equal(np.asarray(ids), batch["input_ids"])

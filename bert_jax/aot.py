@@ -12,6 +12,9 @@ compares with the model's, before any TPU is booked. A step too large for the ch
 TPU (`model.compiling_for`), so `model.attention=auto`/`pallas` compiles the Pallas splash kernel, as the run on
 the TPU itself would.
 
+`--num_slices=N` compiles for N such slices joined by the data-centre network: data parallel across them
+(`mesh.dcn_data`), the config's mesh inside each.
+
 Topologies are `CHIP:AxB[xC]` chip grids as Cloud TPU names them (v4:2x2x4 is the v4-32 accelerator type, 16
 chips; v5p:4x4x4 is v5p-128, 64 chips; v5e:16x16 is v5litepod-256). One JAX device per chip, as on the TPU VMs
 (v4 and v5p run their two TensorCores as one megacore device).
@@ -49,8 +52,9 @@ class LibtpuMissingError(RuntimeError):
     """libtpu (the `aot` extra), whose compiler this module needs, is not installed."""
 
 
-def topology_devices(topology: str) -> list[jax.Device]:
-    """The compile-only devices (one per chip) of a TPU topology such as `v5e:4x4` or `v5p:4x4x4`.
+def topology_devices(topology: str, num_slices: int = 1) -> list[jax.Device]:
+    """The compile-only devices (one per chip) of a TPU topology such as `v5e:4x4` or `v5p:4x4x4`, or of
+    `num_slices` such slices joined by the data-centre network (each device knows its `slice_index`).
 
     Errors name --topology and say what is wrong; a missing libtpu says which extra installs it.
     """
@@ -69,8 +73,8 @@ def topology_devices(topology: str) -> list[jax.Device]:
         raise ValueError(f"--topology={topology!r}: unknown TPU chip {chip!r}; known: {sorted(HBM_GIB_PER_CHIP)}")
     from jax.experimental import topologies  # pylint: disable=import-outside-toplevel
     try:
-        description = topologies.get_topology_desc(topology_name=topology, platform="tpu",
-                                                   **_TOPOLOGY_OPTIONS.get(chip, {}))
+        options = dict(_TOPOLOGY_OPTIONS.get(chip, {}), **({"num_slices": num_slices} if num_slices > 1 else {}))
+        description = topologies.get_topology_desc(topology_name=topology, platform="tpu", **options)
     except RuntimeError as error:
         if _is_libtpu_missing(error):
             raise LibtpuMissingError("compiling for a TPU topology needs libtpu: pip install -e '.[aot]' (or the "
@@ -163,13 +167,18 @@ def _abstract(tree, shardings):
                         tree, shardings)
 
 
-def compile_train_step(config, topology: str):
-    """Compiles the train step of `config` for a TPU `topology`; returns (jax.stages.Compiled, AotReport).
+def compile_train_step(config, topology: str, num_slices: int = 1):
+    """Compiles the train step of `config` for a TPU `topology` (`num_slices` of them, data parallel across the
+    slices: config.mesh.dcn_data is set to it); returns (jax.stages.Compiled, AotReport).
 
     Nothing is allocated: the state, batch and RNG key are abstract (shapes, dtypes and shardings only). A step
     that cannot fit a chip's HBM is refused by XLA itself: then the compiled step is None and the report says why.
     """
-    devices = topology_devices(topology)
+    if num_slices < 1:
+        raise ValueError(f"--num_slices={num_slices}: must be 1 or more")
+    devices = topology_devices(topology, num_slices)
+    config = config.copy_and_resolve_references()
+    config.mesh.dcn_data = num_slices
     chip = topology.split(":", 1)[0]
     num_hosts = len({device.process_index for device in devices})
     train.validate_config(config, len(devices), num_hosts)
@@ -212,7 +221,8 @@ def compile_train_step(config, topology: str):
     executed_flops = model_lib.step_matmul_flops_per_sequence(
         model_config, seq_length, predictions, model_lib.head_cls_rows(batch.get("nsp_positions"))) * rows
     common = dict(
-        topology=topology, device_kind=devices[0].device_kind, num_chips=len(devices), num_hosts=num_hosts,
+        topology=topology if num_slices == 1 else f"{num_slices} x {topology}", device_kind=devices[0].device_kind,
+        num_chips=len(devices), num_hosts=num_hosts,
         mesh=dict(mesh.shape), batch_size=rows, seq_length=seq_length, dtype=model_config.dtype,
         num_params=sum(int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(abstract_state.params)),
         model_flops_per_device=model_flops / len(devices),
@@ -300,6 +310,8 @@ def _define_flags() -> None:
     """Only when run as a program: importing the library must not claim --config (bert_jax.main has one too)."""
     flags.DEFINE_list("topology", None, "TPU topologies to compile for, CHIP:AxB[xC] (chips: "
                       f"{', '.join(sorted(HBM_GIB_PER_CHIP))}), e.g. v5e:16x16,v5p:4x4x4,v4:2x2x4.")
+    flags.DEFINE_integer("num_slices", 1, "Slices of each topology joined by the data-centre network (multi-slice): "
+                         "data parallel across them (--config.mesh.dcn_data is set to it).")
     config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/pretrain.py:size=large.",
                                     lock_config=True)
     flags.mark_flags_as_required(["config", "topology"])
@@ -311,7 +323,7 @@ def main(argv):
     reports = []
     for topology in FLAGS.topology:
         try:
-            reports.append(compile_train_step(FLAGS.config, topology)[1])
+            reports.append(compile_train_step(FLAGS.config, topology, FLAGS.num_slices)[1])
         except ValueError as error:  # bad topology or a config that does not suit it: name the flag, no traceback
             raise app.UsageError(str(error)) from None
         except LibtpuMissingError as error:

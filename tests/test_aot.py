@@ -191,3 +191,21 @@ def test_cli_without_libtpu_says_which_extra_installs_it():
                             capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode != 0
     assert "needs libtpu: pip install -e '.[aot]'" in result.stderr, result.stderr[-2000:]
+
+
+def test_tiny_compiles_for_two_slices_with_the_batch_over_both():
+    """2 x v5e:2x2 joined by DCN: the mesh puts the slices on dcn_data, each slice's 4 chips on data x fsdp x
+    tensor, and the batch is split over both slices."""
+    _require_libtpu()
+    from jax.sharding import PartitionSpec  # pylint: disable=import-outside-toplevel
+    compiled, report = aot.compile_train_step(_tiny_config(), TOPOLOGY, num_slices=2)
+    assert report.topology == f"2 x {TOPOLOGY}" and report.num_chips == 8 and report.num_hosts == 2
+    assert report.mesh == {"dcn_data": 2, "data": 1, "fsdp": 2, "tensor": 2} and report.fits
+    batch_sharding = compiled.input_shardings[0][1]["input_ids"]
+    assert batch_sharding.spec == PartitionSpec(("dcn_data", "fsdp", "data"))
+    for index, slice_devices in enumerate(batch_sharding.mesh.devices):
+        assert {device.slice_index for device in slice_devices.flat} == {index}
+    rows = {device.slice_index: set() for device in batch_sharding.mesh.devices.flat}
+    for device, where in batch_sharding.devices_indices_map((8, 128)).items():
+        rows[device.slice_index].update(range(8)[where[0]])
+    assert rows == {0: {0, 1, 2, 3}, 1: {4, 5, 6, 7}}

@@ -133,6 +133,8 @@ class AotReport:
     # XLA:TPU's refusal when the step cannot fit a chip's HBM; then nothing was compiled, and the byte and
     # compiled-FLOP fields above are 0.
     out_of_memory: str = ""
+    # Bytes one chip sends to other slices per step, by transfer type (dcn_transfers); empty for one slice.
+    dcn_bytes: dict[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def total_bytes(self) -> int:
@@ -160,6 +162,23 @@ class AotReport:
         (XLA's cost analysis counts a while-loop body once: grad_accum_steps > 1, scan_layers, or loops XLA makes
         itself, such as collective matmuls over the fsdp axis)."""
         return self.flops_per_device / self.executed_flops_per_device
+
+
+_DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4, "s32": 4, "u32": 4,
+                "f64": 8, "s64": 8, "u64": 8}
+# A transfer between slices in a multi-slice program: a host-transfer `send` handed to the MegaScale runtime, e.g.
+#   %send = (f32[1,1,128]{...}, u32[], token[]) send(...), ..., _xla_megascale_transfer_type="ALL_REDUCE"}
+_DCN_SEND = re.compile(r"= \((\w+)\[([\d,]*)\][^\n]*?\) send\([^\n]*?_xla_megascale_transfer_type=\"(\w+)\"")
+
+
+def dcn_transfers(hlo_text: str) -> dict[str, int]:
+    """Bytes one chip sends to other slices per step, by transfer type (ALL_REDUCE, ONE_TO_ONE, ...), read from
+    the compiled multi-slice program; empty for one slice."""
+    transfers: dict[str, int] = {}
+    for dtype, dims, kind in _DCN_SEND.findall(hlo_text):
+        size = int(np.prod([int(dim) for dim in dims.split(",") if dim])) * _DTYPE_BYTES[dtype]
+        transfers[kind] = transfers.get(kind, 0) + size
+    return transfers
 
 
 def _abstract(tree, shardings):
@@ -240,7 +259,8 @@ def compile_train_step(config, topology: str, num_slices: int = 1):
         alias_bytes=memory.alias_size_in_bytes, temp_bytes=memory.temp_size_in_bytes,
         generated_code_bytes=memory.generated_code_size_in_bytes,
         xla_peak_bytes=int(getattr(memory, "peak_memory_in_bytes", 0)), flops_per_device=float(cost["flops"]),
-        while_loops=len(re.findall(r"\bwhile\(", compiled.as_text())))
+        while_loops=len(re.findall(r"\bwhile\(", hlo_text := compiled.as_text())),
+        dcn_bytes=dcn_transfers(hlo_text) if num_slices > 1 else {})
     return compiled, report
 
 
@@ -286,6 +306,8 @@ def format_reports(reports: list[AotReport]) -> str:
         ("global batch x seq", lambda r: f"{r.batch_size} x {r.seq_length}"),
         ("dtype, parameters", lambda r: f"{r.dtype}, {r.num_params / 1e6:.1f}M"),
         *compiled_rows,
+        ("to other slices per chip", lambda r: ", ".join(f"{kind.lower()} {size / 2**20:.3g} MiB"
+                                                          for kind, size in sorted(r.dcn_bytes.items())) or "-"),
         ("HBM per chip", lambda r: _gib(r.hbm_bytes)),
         ("fits", _fits),
         *flops_rows,

@@ -205,10 +205,17 @@ class BertEmbeddings(nn.Module):
         self.dropout = nn.Dropout(config.dropout_rate)
 
     def __call__(self, input_ids, segment_ids, position_ids, deterministic: bool):
-        x = (self.word_embeddings(input_ids) + self.position_embeddings(position_ids)
-             + self.token_type_embeddings(segment_ids))
+        x = (self._lookup(self.word_embeddings, input_ids, ("vocab", None))
+             + self._lookup(self.position_embeddings, position_ids) + self._lookup(self.token_type_embeddings, segment_ids))
         x = self.dropout(self.layer_norm(x), deterministic=deterministic)
         return nn.with_logical_constraint(x, HIDDEN)
+
+    def _lookup(self, embed: nn.Embed, ids, table_names=(None, None)):
+        """nn.Embed's lookup, from a table gathered over `embed` first (the word table stays split over `vocab`):
+        XLA's SPMD partitioner crashes on a gather from a table split over its columns inside the per-slice
+        shard_map of train.across_slices (Check failed in ExpandDeviceGroupsWithIota, jaxlib 0.10.2)."""
+        table = nn.with_logical_constraint(embed.embedding.astype(self.config.compute_dtype), table_names)
+        return nn.with_logical_constraint(jnp.take(table, ids, axis=0), HIDDEN)
 
     def attend(self, hidden):
         """Logits over the vocabulary with the word-embedding matrix as the (tied) decoder."""

@@ -19,6 +19,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 # "dcn_data" runs across pod slices (joined by the data-centre network): data parallelism only, so that the one
 # collective crossing slices is the gradient all-reduce. The others run inside a slice, over its ICI links.
 MESH_AXES = ("dcn_data", "data", "fsdp", "tensor")
+SLICE_AXIS = MESH_AXES[0]
 
 
 def initialize_distributed(coordinator_address: str = "", num_processes: int = 0, process_id: int = -1,
@@ -120,6 +121,18 @@ def logical_rules(mesh_config) -> tuple[tuple[str, Any], ...]:
             mesh_axes = tuple(mesh_axes)
         rules.append((logical, mesh_axes))
     return tuple(rules)
+
+
+def within_slice_rules(rules) -> tuple[tuple[str, Any], ...]:
+    """`rules` without the slice axis, for code that runs per slice (in a shard_map manual over dcn_data)."""
+    def drop(mesh_axes):
+        if mesh_axes == SLICE_AXIS:
+            return None
+        if isinstance(mesh_axes, tuple):
+            kept = tuple(axis for axis in mesh_axes if axis != SLICE_AXIS)
+            return kept[0] if len(kept) == 1 else (kept or None)
+        return mesh_axes
+    return tuple((logical, drop(mesh_axes)) for logical, mesh_axes in rules)
 
 
 def _axes_size(mesh: Mesh, axes) -> int:

@@ -133,10 +133,19 @@ def pretraining_loss(outputs, batch, mlm_denominator, nsp_denominator):
     return mlm_loss + nsp_loss, metrics
 
 
+def cross_entropy(logits, labels):
+    """optax.softmax_cross_entropy_with_integer_labels, with the label's logit picked by a one-hot product rather
+    than a gather: a gather over a vocab sharded over `tensor` crashes XLA's SPMD partitioner in the per-slice
+    shard_map of `across_slices` (Check failed in ExpandDeviceGroupsWithIota, jaxlib 0.10.2), and the product
+    partitions like the logits themselves."""
+    label_logits = jnp.sum(jnp.where(jax.nn.one_hot(labels, logits.shape[-1], dtype=jnp.bool_), logits, 0.0), -1)
+    return jax.nn.logsumexp(logits, axis=-1) - label_logits
+
+
 def _mlm_terms(mlm_logits, batch):
     """Per-prediction MLM cross-entropy and correctness, weighted by masked_lm_weights (zero for padding slots)."""
     weights = batch["masked_lm_weights"].astype(jnp.float32)
-    xent = optax.softmax_cross_entropy_with_integer_labels(mlm_logits, batch["masked_lm_ids"])
+    xent = cross_entropy(mlm_logits, batch["masked_lm_ids"])
     return weights * xent, weights * (jnp.argmax(mlm_logits, -1) == batch["masked_lm_ids"])
 
 
@@ -144,7 +153,7 @@ def _nsp_terms(nsp_logits, batch):
     """Per-instance NSP cross-entropy and correctness, flat; zero for the empty instance slots of packed rows."""
     labels = batch["next_sentence_labels"].reshape(-1)
     nsp_logits = nsp_logits.reshape(labels.shape[0], -1)  # packed rows: [batch, instances, 2] -> one per instance
-    xent = optax.softmax_cross_entropy_with_integer_labels(nsp_logits, labels)
+    xent = cross_entropy(nsp_logits, labels)
     correct = jnp.argmax(nsp_logits, -1) == labels
     if "nsp_weights" in batch:
         nsp_weights = batch["nsp_weights"].reshape(-1).astype(jnp.float32)
@@ -202,34 +211,72 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation, schedule
     Dropout randomness is `fold_in(rng, step)`, so a step's masks depend only on the run's seed and the step number.
     With grad_accum_steps = k the batch is split into k strided micro-batches (each keeps every device's share of
     rows) whose gradients are summed in a scan; the result equals the whole batch's gradient.
+
+    Over several slices (mesh.dcn_data > 1) each slice computes the gradient of its rows of the batch
+    (`across_slices`), and one all-reduce over the slice axis sums them: the only collective that crosses slices.
     """
-    batch_axes = sharding_lib.batch_spec(mesh, rules)[0]
-    grad_fn = make_grad_fn(model, rules)
+    slices = mesh.shape.get(sharding_lib.SLICE_AXIS, 1)
+    slice_rules = sharding_lib.within_slice_rules(rules) if slices > 1 else rules
+    batch_axes = sharding_lib.batch_spec(mesh, slice_rules)[0]
+    grad_fn = make_grad_fn(model, slice_rules)
+
+    def gradients(params, batch, dropout_rng, mlm_denominator, nsp_denominator):
+        if grad_accum_steps == 1:
+            (_, metrics), grads = grad_fn(params, batch, dropout_rng, mlm_denominator, nsp_denominator)
+            return grads, metrics
+
+        def split(x):
+            x = x.reshape(x.shape[0] // grad_accum_steps, grad_accum_steps, *x.shape[1:]).swapaxes(0, 1)
+            # Across slices this runs in a shard_map, whose mesh (slice axis manual) a bare spec refers to.
+            spec = PartitionSpec(None, batch_axes)
+            return jax.lax.with_sharding_constraint(x, spec if slices > 1 else NamedSharding(mesh, spec))
+
+        def accumulate(carry, micro):
+            index, micro_batch = micro
+            (_, metrics), grads = grad_fn(params, micro_batch, jax.random.fold_in(dropout_rng, index),
+                                          mlm_denominator, nsp_denominator)
+            return jax.tree.map(jnp.add, carry, (grads, metrics)), None
+
+        zeros = jax.tree.map(jnp.zeros_like, params)
+        zero_metrics = dict.fromkeys(("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy"),
+                                     jnp.zeros((), jnp.float32))
+        micro_batches = (jnp.arange(grad_accum_steps), jax.tree.map(split, batch))
+        (grads, metrics), _ = jax.lax.scan(accumulate, (zeros, zero_metrics), micro_batches)
+        return grads, metrics
+
+    if slices > 1:
+        gradients = across_slices(gradients, mesh)
 
     def train_step(state: TrainState, batch, rng):
-        dropout_rng = jax.random.fold_in(rng, state.step)
         mlm_denominator, nsp_denominator = batch_denominators(batch)
-        if grad_accum_steps == 1:
-            (_, metrics), grads = grad_fn(state.params, batch, dropout_rng, mlm_denominator, nsp_denominator)
-        else:
-            def split(x):
-                x = x.reshape(x.shape[0] // grad_accum_steps, grad_accum_steps, *x.shape[1:]).swapaxes(0, 1)
-                return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, PartitionSpec(None, batch_axes)))
-
-            def accumulate(carry, micro):
-                index, micro_batch = micro
-                (_, metrics), grads = grad_fn(state.params, micro_batch, jax.random.fold_in(dropout_rng, index),
-                                              mlm_denominator, nsp_denominator)
-                return jax.tree.map(jnp.add, carry, (grads, metrics)), None
-
-            zeros = jax.tree.map(jnp.zeros_like, state.params)
-            zero_metrics = dict.fromkeys(("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy"),
-                                         jnp.zeros((), jnp.float32))
-            micro_batches = (jnp.arange(grad_accum_steps), jax.tree.map(split, batch))
-            (grads, metrics), _ = jax.lax.scan(accumulate, (zeros, zero_metrics), micro_batches)
+        grads, metrics = gradients(state.params, batch, jax.random.fold_in(rng, state.step), mlm_denominator,
+                                   nsp_denominator)
         return apply_gradients(state, grads, tx, schedule, metrics)
 
     return train_step
+
+
+def across_slices(gradients, mesh):
+    """`gradients(params, batch, dropout_rng, *denominators) -> (grads, metrics)` run on each slice's rows of the
+    batch, summed over the slices.
+
+    Left to itself, XLA's partitioner may move activations between slices (for the word-embedding scatter-add it
+    gathers the activation gradient over the slice axis); in a shard_map manual over the slice axis alone, each slice
+    works on its own rows (sharded over its data, fsdp and tensor axes as usual), and the explicit psum of the
+    gradients and metrics, exact because the losses are normalised by the whole batch's denominators, is the one
+    transfer between slices. Each slice folds its index into the dropout key, so its masks differ from the others'.
+    """
+    axis = sharding_lib.SLICE_AXIS
+
+    def per_slice(params, batch, dropout_rng, mlm_denominator, nsp_denominator):
+        dropout_rng = jax.random.fold_in(dropout_rng, jax.lax.axis_index(axis))
+        partial = gradients(params, batch, dropout_rng, mlm_denominator, nsp_denominator)
+        return jax.lax.psum(partial, axis)
+
+    # check_vma=False: the parameters' cotangents stay per-slice partial sums (no implicit psum), summed above.
+    return jax.shard_map(per_slice, mesh=mesh, in_specs=(PartitionSpec(), PartitionSpec(axis), PartitionSpec(),
+                                                         PartitionSpec(), PartitionSpec()),
+                         out_specs=PartitionSpec(), axis_names={axis}, check_vma=False)
 
 
 def jit_train_step(train_step, state_shardings, mesh, rules):

@@ -29,7 +29,9 @@ FIRST_STEP_DROPOUT_RNG = jax.random.fold_in(STEP_RNG, 0)
 
 
 def _setup(mesh_shape, dropout, batch_axes=None, scan_layers=False):
-    config = helpers.tiny_config(mesh_shape, dropout=dropout)
+    """`mesh_shape`: (data, fsdp, tensor) on one slice, or (dcn_data, data, fsdp, tensor) over slices."""
+    config = helpers.tiny_config(mesh_shape[-3:], dropout=dropout)
+    config.mesh.dcn_data = 1 if len(mesh_shape) == 3 else mesh_shape[0]
     config.model.scan_layers = scan_layers
     if batch_axes is not None:
         config.mesh.rules = tuple(("batch", batch_axes) if name == "batch" else (name, axes)
@@ -89,13 +91,14 @@ def _first_step_gradients(opt_state, grad_norm, optim_config):
     return jax.tree.map(lambda mu: np.asarray(mu, np.float64) * scale, adam.mu)
 
 
-def _train(mesh_shape, batches):
-    """len(batches) steps of the training loop's jitted train step (state donated, dropout on) over the mesh."""
-    config, mesh, rules, model, tx, schedule = _setup(mesh_shape, dropout=True)
+def _train(mesh_shape, batches, dropout=True, grad_accum_steps=1):
+    """len(batches) steps of the training loop's jitted train step (state donated) over the mesh."""
+    config, mesh, rules, model, tx, schedule = _setup(mesh_shape, dropout=dropout)
     with jax.set_mesh(mesh):
         state, shardings = train.create_train_state(model, tx, mesh, rules, jax.random.key(0), SEQ, PREDS)
         initial_params = jax.device_get(state.params)
-        step = train.jit_train_step(train.make_train_step(model, tx, schedule, rules, mesh), shardings, mesh, rules)
+        step = train.jit_train_step(train.make_train_step(model, tx, schedule, rules, mesh, grad_accum_steps),
+                                    shardings, mesh, rules)
         batch_sharding = sharding_lib.batch_sharding(mesh, rules)
         losses = []
         for batch in batches:
@@ -146,6 +149,20 @@ def test_sharded_gradients_and_five_optimizer_steps_equal_unsharded(mesh_shape, 
     _assert_trees_close(got.final_state.params, expected.final_state.params, 1e-5, f"parameter after {STEPS} steps")
     _assert_trees_close(got.final_state.opt_state, expected.final_state.opt_state, 1e-4,
                         f"optimizer state after {STEPS} steps")
+
+
+@pytest.mark.parametrize("mesh_shape,grad_accum_steps", [((2, 1, 2, 2), 1), ((2, 2, 1, 2), 2), ((4, 2, 1, 1), 1)],
+                         ids=["2x1x2x2", "2x2x1x2-accum2", "4x2x1x1"])
+def test_slices_train_as_one_device(mesh_shape, grad_accum_steps):
+    """Over slices each slice computes its rows' gradient (train.across_slices) and one psum joins them: without
+    dropout (each slice draws its own masks) the losses, gradients and five optimizer steps equal one device's."""
+    batches = _batches(helpers.TINY_VOCAB, STEPS)
+    expected = _train((1, 1, 1), batches, dropout=False)
+    got = _train(mesh_shape, batches, dropout=False, grad_accum_steps=grad_accum_steps)
+    np.testing.assert_allclose(got.losses, expected.losses, rtol=1e-5)
+    assert got.first_grad_norm == pytest.approx(expected.first_grad_norm, rel=1e-5)
+    _assert_trees_close(got.first_grads, expected.first_grads, 1e-5, "gradient")
+    _assert_trees_close(got.final_state.params, expected.final_state.params, 1e-5, f"parameter after {STEPS} steps")
 
 
 @pytest.fixture(scope="module")

@@ -135,6 +135,8 @@ class AotReport:
     out_of_memory: str = ""
     # Bytes one chip sends to other slices per step, by transfer type (dcn_transfers); empty for one slice.
     dcn_bytes: dict[str, int] = dataclasses.field(default_factory=dict)
+    # The result sizes of the program's collectives on one chip, by kind (collective_bytes).
+    collective_bytes: dict[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def total_bytes(self) -> int:
@@ -179,6 +181,21 @@ def dcn_transfers(hlo_text: str) -> dict[str, int]:
         size = int(np.prod([int(dim) for dim in dims.split(",") if dim])) * _DTYPE_BYTES[dtype]
         transfers[kind] = transfers.get(kind, 0) + size
     return transfers
+
+
+_COLLECTIVE = re.compile(r"= (\w+)\[([\d,]*)\][^ ]* (all-gather|all-reduce|reduce-scatter|all-to-all|"
+                         r"collective-permute)(?:-start)?\(")
+
+
+def collective_bytes(hlo_text: str) -> dict[str, int]:
+    """The result sizes of the collectives in a compiled program (one chip's), by kind: what the step moves over
+    the chips' links, to within the algorithm's factor (an all-gather's result is the gathered array, an all-reduce
+    sends about twice its size). A collective in a while-loop body counts once, like XLA's FLOPs."""
+    totals: dict[str, int] = {}
+    for dtype, dims, kind in _COLLECTIVE.findall(hlo_text):
+        size = int(np.prod([int(dim) for dim in dims.split(",") if dim])) * _DTYPE_BYTES.get(dtype, 4)
+        totals[kind] = totals.get(kind, 0) + size
+    return totals
 
 
 def _abstract(tree, shardings):
@@ -260,7 +277,7 @@ def compile_train_step(config, topology: str, num_slices: int = 1):
         generated_code_bytes=memory.generated_code_size_in_bytes,
         xla_peak_bytes=int(getattr(memory, "peak_memory_in_bytes", 0)), flops_per_device=float(cost["flops"]),
         while_loops=len(re.findall(r"\bwhile\(", hlo_text := compiled.as_text())),
-        dcn_bytes=dcn_transfers(hlo_text) if num_slices > 1 else {})
+        dcn_bytes=dcn_transfers(hlo_text) if num_slices > 1 else {}, collective_bytes=collective_bytes(hlo_text))
     return compiled, report
 
 
@@ -330,18 +347,31 @@ FLAGS = flags.FLAGS
 
 def _define_flags() -> None:
     """Only when run as a program: importing the library must not claim --config (bert_jax.main has one too)."""
+    from bert_jax import planner  # pylint: disable=import-outside-toplevel  (it imports this module)
     flags.DEFINE_list("topology", None, "TPU topologies to compile for, CHIP:AxB[xC] (chips: "
                       f"{', '.join(sorted(HBM_GIB_PER_CHIP))}), e.g. v5e:16x16,v5p:4x4x4,v4:2x2x4.")
     flags.DEFINE_integer("num_slices", 1, "Slices of each topology joined by the data-centre network (multi-slice): "
                          "data parallel across them (--config.mesh.dcn_data is set to it).")
     config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/pretrain.py:size=large.",
                                     lock_config=True)
+    flags.DEFINE_bool("plan", False, "Search, for one --topology, the mesh split, remat policy, scan_layers and "
+                      "largest batch that fit (bert_jax.planner), print a table and the best configuration's flags.")
+    flags.DEFINE_float("plan_headroom", 0.1, "--plan: the fraction of HBM a configuration must leave free.")
+    flags.DEFINE_float("plan_hbm_gib", 0, "--plan: the HBM per chip to plan for, in GiB (0: the chip's), e.g. "
+                       "less than the chip's when something else shares it.")
+    flags.DEFINE_list("plan_remat", list(planner.REMAT_CANDIDATES), "--plan: the remat policies to try.")
+    flags.DEFINE_list("plan_scan", ["off", "on"], "--plan: model.scan_layers settings to try (off, on).")
+    flags.DEFINE_string("plan_cache_dir", os.path.join(os.path.expanduser("~"), ".cache", "bert_jax", "aot"),
+                        "--plan: where compiled configurations' reports are kept, so a rerun compiles only what is "
+                        "new; empty keeps nothing.")
     flags.mark_flags_as_required(["config", "topology"])
 
 
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    if FLAGS.plan:
+        return _plan()
     reports = []
     for topology in FLAGS.topology:
         try:
@@ -354,6 +384,26 @@ def main(argv):
     if any(report.while_loops for report in reports):
         print("* the compiled step has while loops, whose bodies XLA's cost analysis counts once: its FLOPs are a "
               "lower bound (grad_accum_steps > 1, scan_layers, or XLA's own loops such as collective matmuls)")
+
+
+def _plan() -> None:
+    from bert_jax import planner  # pylint: disable=import-outside-toplevel
+    if len(FLAGS.topology) != 1:
+        raise app.UsageError(f"--plan searches one topology at a time; got --topology={','.join(FLAGS.topology)}")
+    scans = {"off": False, "on": True}
+    bad_remat = sorted(set(FLAGS.plan_remat) - set(model_lib.REMAT_POLICIES))
+    bad_scan = sorted(set(FLAGS.plan_scan) - set(scans))
+    if bad_remat or bad_scan or not FLAGS.plan_remat or not FLAGS.plan_scan:
+        raise app.UsageError(f"--plan_remat={','.join(FLAGS.plan_remat)} must name policies of "
+                             f"{sorted(model_lib.REMAT_POLICIES)} and --plan_scan={','.join(FLAGS.plan_scan)} "
+                             "settings of off,on")
+    try:
+        planner.run(FLAGS.config, FLAGS.topology[0], FLAGS.num_slices, FLAGS.plan_cache_dir, FLAGS.plan_headroom,
+                    FLAGS.plan_remat, [scans[scan] for scan in FLAGS.plan_scan], int(FLAGS.plan_hbm_gib * GIB))
+    except ValueError as error:
+        raise app.UsageError(str(error)) from None
+    except LibtpuMissingError as error:
+        raise SystemExit(f"bert_jax.aot: {error}") from None
 
 
 def _set_compile_only_environment() -> None:

@@ -215,3 +215,33 @@ def test_tiny_compiles_for_two_slices_with_the_batch_over_both():
     gradient_bytes = 4 * report.num_params
     assert gradient_bytes / 4 <= report.dcn_bytes["ALL_REDUCE"] <= 1.01 * gradient_bytes, report.dcn_bytes
     assert _compiled_tiny()[1].dcn_bytes == {}
+
+
+def test_planner_finds_a_batch_the_plain_compile_confirms_and_rejects_the_next(tmp_path):
+    """The planner's search for fsdp x tensor = 2 x 2 on v5e:2x2 against a 64 MiB budget, which the tiny preset
+    (dropout off: its random bits multiply XLA:TPU's compile time at larger batches) outgrows between 8 and 16 rows
+    per shard. The plain AOT path confirms that the batch it returns fits with 10% headroom and that the smallest
+    batch it found too large does not; a second search is served from the cache."""
+    _require_libtpu()
+    from bert_jax import planner  # pylint: disable=import-outside-toplevel
+    config, budget, headroom = pretrain.get_config("size=tiny"), 64 << 20, 0.1
+    config.model.dropout_rate = config.model.attention_dropout_rate = 0.0
+    candidate = planner.Candidate(data=1, fsdp=2, tensor=2, remat="none", scan_layers=False)
+    cache = planner.ReportCache(str(tmp_path))
+    row = planner.search(config, candidate, TOPOLOGY, 1, cache, headroom, budget, resolution=0.5)
+    assert row.fits and 8 <= row.rows_per_shard < 16 and row.not_fitting is not None, row
+    assert row.report.batch_size == 2 * row.rows_per_shard < row.not_fitting.batch_size <= 32
+    for report, fits in ((row.report, True), (row.not_fitting, False)):
+        _, plain = aot.compile_train_step(planner.configure(config, candidate, report.batch_size // 2, 1), TOPOLOGY)
+        assert plain.mesh == {"dcn_data": 1, "data": 1, "fsdp": 2, "tensor": 2}
+        assert plain.batch_size == report.batch_size and plain.needed_bytes == report.needed_bytes
+        assert planner.fits_with_headroom(plain, headroom, budget) is fits, (plain.batch_size, plain.needed_bytes)
+    assert planner.flags(row, 1) == ("--config.mesh.dcn_data=1 --config.mesh.data=1 --config.mesh.fsdp=2 "
+                                     "--config.mesh.tensor=2 --config.model.remat=none --config.model.scan_layers="
+                                     f"False --config.train.batch_size={row.report.batch_size}")
+    table = planner.format_plan([row], headroom, budget)
+    assert re.search(rf"^1,2,2  none  off +{row.rows_per_shard} +{row.report.batch_size} .* / 0\.0625 \(", table,
+                     re.MULTILINE), table
+    hits = cache.hits
+    assert planner.search(config, candidate, TOPOLOGY, 1, cache, headroom, budget, resolution=0.5) == row
+    assert cache.hits - hits == row.compiles

@@ -27,7 +27,7 @@ def initialize_distributed(coordinator_address: str = "", num_processes: int = 0
     """Starts jax.distributed when the run spans several processes; a no-op for a single process.
 
     Explicit flags win. Otherwise JAX's own cluster detection is used where a multi-process cluster is visible:
-    Cloud TPU pod slices (several TPU worker hostnames), SLURM jobs with more than one task, and Open MPI /
+    Cloud TPU pod slices (several TPU worker hostnames) and multi-slice jobs (MEGASCALE_NUM_SLICES > 1), SLURM jobs with more than one task, and Open MPI /
     torchrun-style launches. A single-host TPU VM, a laptop or a one-task SLURM job starts no coordinator.
     A process that sends no heartbeat for `heartbeat_timeout_s` seconds counts as dead: JAX then ends every other
     process ("Terminating process because the JAX distributed service detected fatal errors ... another task
@@ -43,9 +43,11 @@ def initialize_distributed(coordinator_address: str = "", num_processes: int = 0
                                    process_id=process_id, heartbeat_timeout_seconds=heartbeat_timeout_s)
         return
     tpu_hosts = [h for h in os.environ.get("TPU_WORKER_HOSTNAMES", "").split(",") if h]
+    # Several slices (launch/tpu.sh --num-slices sets it): one job even when each slice has a single host.
+    tpu_slices = int(os.environ.get("MEGASCALE_NUM_SLICES", "1") or 1)
     slurm_tasks = int(os.environ.get("SLURM_NTASKS", "1") or 1)
     mpi_tasks = int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1") or 1)
-    if len(tpu_hosts) > 1 or slurm_tasks > 1 or mpi_tasks > 1:
+    if len(tpu_hosts) > 1 or tpu_slices > 1 or slurm_tasks > 1 or mpi_tasks > 1:
         jax.distributed.initialize(heartbeat_timeout_seconds=heartbeat_timeout_s)
 
 

@@ -6,6 +6,10 @@
 #   launch/tpu.sh --name NAME --zone ZONE --accelerator-type TYPE --workdir gs://BUCKET/RUN [options] \
 #       -- DRIVER_FLAGS...
 #
+# With --num-slices N (and --queued) it creates N such slices as one multi-slice queued resource (nodes NAME-0 ..
+# NAME-{N-1}, joined by the data-centre network), gives each worker the MEGASCALE_* environment that makes them one
+# JAX job, and runs the driver with --config.mesh.dcn_data=N (data parallelism across the slices).
+#
 # Example (a v5e-16 slice: 4 hosts of 4 chips):
 #   launch/tpu.sh --name bert-base --zone us-west4-a --accelerator-type v5litepod-16 --queued --spot --reuse \
 #       --workdir gs://my-bucket/bert-base -- --config=configs/pretrain.py:size=base,data=tfrecord \
@@ -37,6 +41,8 @@ Options:
   --runtime-version VER     TPU software version (default by generation: v5litepod -> v2-alpha-tpuv5-lite,
                             v5p -> v2-alpha-tpuv5, v6e -> v2-alpha-tpuv6e, v2/v3/v4 -> tpu-ubuntu2204-base).
   --queued                  Create through 'queued-resources create' and wait until it is ACTIVE.
+  --num-slices N            N slices of TYPE as one multi-slice job (needs --queued; nodes NAME-0 .. NAME-{N-1});
+                            the driver gets --config.mesh.dcn_data=N. Default 1.
   --spot                    Spot capacity (can be preempted; cheaper).
   --preemptible             Preemptible TPU (older kind of --spot; not with --queued).
   --reuse                   Use the TPU if it already exists and is READY (a preempted or suspended one is
@@ -74,7 +80,7 @@ one_line() {
 
 name="" zone="" project="" accelerator_type="" runtime_version="" workdir="" repo="${repo_default}"
 log_dir="logs"
-queued=0 spot=0 preemptible=0 reuse=0 allow_local_workdir=0 delete_at_end=0 dry_run=0
+num_slices=1 queued=0 spot=0 preemptible=0 reuse=0 allow_local_workdir=0 delete_at_end=0 dry_run=0
 driver_args=()
 while [[ $# -gt 0 ]]; do
   # Accept --opt=value as well as --opt value.
@@ -91,6 +97,7 @@ while [[ $# -gt 0 ]]; do
     --repo) need_value "$@"; repo=$2; shift 2 ;;
     --log-dir) need_value "$@"; log_dir=$2; shift 2 ;;
     --queued) queued=1; shift ;;
+    --num-slices) need_value "$@"; num_slices=$2; shift 2 ;;
     --spot) spot=1; shift ;;
     --preemptible) preemptible=1; shift ;;
     --reuse) reuse=1; shift ;;
@@ -113,6 +120,15 @@ done
 (( spot && preemptible )) && die "--spot and --preemptible exclude each other"
 (( queued && preemptible )) && die "--preemptible is not available with --queued; use --spot"
 [[ -d "${repo}" ]] || die "--repo '${repo}' is not a directory"
+[[ "${num_slices}" =~ ^[1-9][0-9]*$ ]] || die "--num-slices '${num_slices}': must be a positive number of slices"
+if (( num_slices > 1 )); then
+  (( queued )) || die "--num-slices ${num_slices}: multi-slice TPUs are made as queued resources; add --queued"
+  for arg in "${driver_args[@]}"; do
+    if [[ "${arg}" == --config.mesh.dcn_data=* && "${arg}" != "--config.mesh.dcn_data=${num_slices}" ]]; then
+      die "${arg} after -- disagrees with --num-slices ${num_slices}; drop it (it is set from --num-slices)"
+    fi
+  done
+fi
 for arg in "${driver_args[@]}"; do
   if [[ "${arg}" == --workdir || "${arg}" == --workdir=* ]]; then
     die "pass the workdir as ${prog}'s --workdir, not after -- (it is added to the driver command)"
@@ -143,7 +159,7 @@ case "${generation}" in
 esac
 
 if [[ "${workdir}" != gs://* ]] && (( ! allow_local_workdir )); then
-  if (( hosts != 1 )); then
+  if (( hosts != 1 || num_slices > 1 )); then
     die "--workdir '${workdir}' must be a gs:// path: each of the ${hosts/#0/several} hosts of a \
 ${accelerator_type} slice has its own disk, so checkpoints would be split across them and the run could not \
 resume. (--allow-local-workdir accepts it for a filesystem mounted on every worker, e.g. Filestore.)"
@@ -159,12 +175,20 @@ capacity=()
 (( spot )) && capacity=(--spot)
 (( preemptible )) && capacity=(--preemptible)
 
-describe_node=(gcloud compute tpus tpu-vm describe "${name}" "${scope[@]}" "--format=value(state)")
+# The TPU VMs: NAME, or NAME-0 .. NAME-{N-1} for N slices (the queued resource's node prefix is NAME).
+nodes=("${name}")
+if (( num_slices > 1 )); then
+  nodes=()
+  for (( slice = 0; slice < num_slices; slice++ )); do nodes+=("${name}-${slice}"); done
+fi
+describe_node=(gcloud compute tpus tpu-vm describe "${nodes[0]}" "${scope[@]}" "--format=value(state)")
 describe_queued=(gcloud compute tpus queued-resources describe "${name}" "${scope[@]}" "--format=value(state.state)")
 # tpu-vm create calls the runtime --version; queued-resources create calls it --runtime-version.
 create_node=(gcloud compute tpus tpu-vm create "${name}" "${scope[@]}" --accelerator-type="${accelerator_type}"
   --version="${runtime_version}" "${capacity[@]}")
-create_queued=(gcloud compute tpus queued-resources create "${name}" --node-id="${name}" "${scope[@]}"
+node_spec=(--node-id="${name}")
+(( num_slices > 1 )) && node_spec=(--node-count="${num_slices}" --node-prefix="${name}")
+create_queued=(gcloud compute tpus queued-resources create "${name}" "${node_spec[@]}" "${scope[@]}"
   --accelerator-type="${accelerator_type}" --runtime-version="${runtime_version}" "${capacity[@]}")
 delete_node=(gcloud compute tpus tpu-vm delete "${name}" "${scope[@]}" --quiet)
 # --force also deletes the TPU the queued resource holds.
@@ -175,7 +199,7 @@ tarball="${TMPDIR:-/tmp}/bert_jax-${name}.tar.gz"
 make_tarball=(tar -czf "${tarball}" --exclude=.git --exclude=__pycache__ --exclude='*.egg-info'
   --exclude=.pytest_cache --exclude=./.venv --exclude=./venv --exclude=./build --exclude=./dist
   --exclude='./workdir*' --exclude=./logs -C "${repo}" .)
-copy=(gcloud compute tpus tpu-vm scp "${tarball}" "${name}:bert_jax.tar.gz" "${scope[@]}" --worker=all)
+copy_to() { copy_command=(gcloud compute tpus tpu-vm scp "${tarball}" "$1:bert_jax.tar.gz" "${scope[@]}" --worker=all); }
 
 # On each worker: stop a run a previous launch left behind (a lost ssh connection does not stop it, and it
 # holds the TPU chips; after 2 minutes it is killed, since a process whose peer hosts are gone can hang in a
@@ -202,12 +226,21 @@ fi;
 cd ~/bert_jax; ~/bert_jax_venv/bin/pip install -q --upgrade pip; ~/bert_jax_venv/bin/pip install -q -e ".[tpu]"
 EOF
 )
-install=(gcloud compute tpus tpu-vm ssh "${name}" "${scope[@]}" --worker=all --command="${remote_install}")
+ssh_to() { local node=$1; shift; ssh_command=(gcloud compute tpus tpu-vm ssh "${node}" "${scope[@]}" --worker=all "$@"); }
 
-# Every worker runs the same command; the pid file lets the next launch stop it (see above).
-remote_run="echo \$\$ > ~/bert_jax.pid; cd ~/bert_jax && exec ~/bert_jax_venv/bin/python -m bert_jax.main \
+# Every worker runs the same command; the pid file lets the next launch stop it (see above). Over several
+# slices each worker also gets the MEGASCALE_* variables: the coordinator (worker 0 of slice 0, whose internal
+# address describe_coordinator prints), the slice count and its own slice, from which JAX forms one job.
+(( num_slices > 1 )) && driver_args+=(--config.mesh.dcn_data="${num_slices}")
+describe_coordinator=(gcloud compute tpus tpu-vm describe "${nodes[0]}" "${scope[@]}"
+  "--format=value(networkEndpoints[0].ipAddress)")
+remote_run() {  # slice coordinator_address
+  local environment=""
+  (( num_slices > 1 )) && environment="MEGASCALE_COORDINATOR_ADDRESS=$2:8080 MEGASCALE_PORT=8080 \
+MEGASCALE_NUM_SLICES=${num_slices} MEGASCALE_SLICE_ID=$1 "
+  echo "echo \$\$ > ~/bert_jax.pid; cd ~/bert_jax && ${environment}exec ~/bert_jax_venv/bin/python -m bert_jax.main \
 $(quote --workdir="${workdir}" "${driver_args[@]}")"
-run_driver=(gcloud compute tpus tpu-vm ssh "${name}" "${scope[@]}" --worker=all --command="${remote_run}")
+}
 
 log_file="${log_dir}/${name}-$(date +%Y%m%d-%H%M%S).log"
 
@@ -223,10 +256,25 @@ if (( dry_run )); then
     quote "${create_node[@]}"
   fi
   quote "${make_tarball[@]}"
-  quote "${copy[@]}"
+  for node in "${nodes[@]}"; do copy_to "${node}"; quote "${copy_command[@]}"; done
   quote mkdir -p "${log_dir}"
-  echo "$(quote "${install[@]}") 2>&1 | $(quote tee -a "${log_file}")"
-  echo "$(quote "${run_driver[@]}") 2>&1 | $(quote tee -a "${log_file}")"
+  coordinator=""
+  if (( num_slices > 1 )); then
+    quote "${describe_coordinator[@]}"
+    log "(COORDINATOR_IP below: the address that describe command prints)"
+    coordinator=COORDINATOR_IP
+  fi
+  for node in "${nodes[@]}"; do
+    ssh_to "${node}" --command="${remote_install}"
+    echo "$(quote "${ssh_command[@]}") 2>&1 | $(quote tee -a "${log_file}")"
+  done
+  for slice in "${!nodes[@]}"; do
+    ssh_to "${nodes[slice]}" --command="$(remote_run "${slice}" "${coordinator}")"
+    background=""
+    (( num_slices > 1 )) && background=" &"
+    echo "$(quote "${ssh_command[@]}") 2>&1 | $(quote tee -a "${log_file}")${background}"
+  done
+  (( num_slices > 1 )) && echo wait
   if (( delete_at_end )); then
     if (( queued )); then quote "${delete_queued[@]}"; else quote "${delete_node[@]}"; fi
   fi
@@ -343,8 +391,31 @@ fi
 
 # Private: the tarball holds the whole source tree.
 (umask 077 && run "${make_tarball[@]}")
-run "${copy[@]}"
+for node in "${nodes[@]}"; do
+  copy_to "${node}"
+  run "${copy_command[@]}"
+done
 mkdir -p "${log_dir}"
 log "logging to ${log_file}"
-run "${install[@]}" 2>&1 | tee -a "${log_file}"
-run "${run_driver[@]}" 2>&1 | tee -a "${log_file}"
+for node in "${nodes[@]}"; do
+  ssh_to "${node}" --command="${remote_install}"
+  run "${ssh_command[@]}" 2>&1 | tee -a "${log_file}"
+done
+coordinator=""
+if (( num_slices > 1 )); then
+  coordinator=$(run "${describe_coordinator[@]}")
+  [[ -n "${coordinator}" ]] || fail "no internal address for ${nodes[0]}: $(quote "${describe_coordinator[@]}")"
+fi
+if (( num_slices == 1 )); then
+  ssh_to "${name}" --command="$(remote_run 0 "")"
+  run "${ssh_command[@]}" 2>&1 | tee -a "${log_file}"
+  exit 0
+fi
+# All slices at once (each one's workers wait in jax.distributed for the others); the launch fails if any does.
+pids=()
+for slice in "${!nodes[@]}"; do
+  ssh_to "${nodes[slice]}" --command="$(remote_run "${slice}" "${coordinator}")"
+  run "${ssh_command[@]}" 2>&1 | tee -a "${log_file}" &
+  pids+=($!)
+done
+for pid in "${pids[@]}"; do wait "${pid}" || fail "the driver failed on a slice; see ${log_file}"; done

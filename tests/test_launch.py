@@ -184,6 +184,51 @@ def test_tpu_dry_run_v5e_16(tmp_path, fake_bin):
     subprocess.run([BASH, "-n"], input=result.stdout, text=True, check=True)
 
 
+def test_tpu_dry_run_two_slices(tmp_path, fake_bin):
+    """--num-slices 2: one queued resource of two nodes, the tree copied to and installed on both, and the driver
+    started on both at once with the MEGASCALE_* environment and --config.mesh.dcn_data=2."""
+    args = [*V5E_16, "--queued", "--num-slices", "2", "--delete", "--dry-run", "--", *DRIVER_FLAGS]
+    result = _run("tpu.sh", *args, env=_env(tmp_path, fake_bin), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    lines = _lines(result.stdout)
+    [create] = _find(lines, "gcloud", "compute", "tpus", "queued-resources", "create", "bert-base")
+    assert _option(lines[create], "--node-count") == "2" and _option(lines[create], "--node-prefix") == "bert-base"
+    assert "--node-id=bert-base" not in lines[create]
+    copies = _find(lines, "gcloud", "compute", "tpus", "tpu-vm", "scp")
+    assert [lines[i][6] for i in copies] == ["bert-base-0:bert_jax.tar.gz", "bert-base-1:bert_jax.tar.gz"]
+    [address] = [i for i in _find(lines, "gcloud", "compute", "tpus", "tpu-vm", "describe", "bert-base-0")
+                 if "networkEndpoints" in _option(lines[i], "--format")]
+    for node in ("bert-base-0", "bert-base-1"):
+        install, run = _find(lines, "gcloud", "compute", "tpus", "tpu-vm", "ssh", node)
+        assert ".[tpu]" in _option(lines[install], "--command")
+        command = _option(lines[run], "--command")
+        subprocess.run([BASH, "-n", "-c", command], check=True)
+        slice_id = node[-1]
+        assert (f"MEGASCALE_COORDINATOR_ADDRESS=COORDINATOR_IP:8080 MEGASCALE_PORT=8080 MEGASCALE_NUM_SLICES=2 "
+                f"MEGASCALE_SLICE_ID={slice_id} exec ") in command
+        remote = shlex.split(command.split("exec ", 1)[1])
+        assert remote[4:] == [*DRIVER_FLAGS, "--config.mesh.dcn_data=2"]
+        assert address < run
+    # Both drivers run at once, in the background, and the launch waits for both.
+    assert [line for line in result.stdout.splitlines() if line.endswith(" &")] == [
+        line for line in result.stdout.splitlines() if "MEGASCALE_SLICE_ID" in line]
+    assert lines[-2] == ["wait"]
+    [delete] = _find(lines, "gcloud", "compute", "tpus", "queued-resources", "delete", "bert-base")
+    assert delete == len(lines) - 1
+    subprocess.run([BASH, "-n"], input=result.stdout, text=True, check=True)
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--num-slices", "2"], "multi-slice TPUs are made as queued resources; add --queued"),
+    (["--num-slices", "0", "--queued"], "--num-slices '0': must be a positive number of slices"),
+    (["--num-slices", "2", "--queued", "--", "--config.mesh.dcn_data=4"],
+     "--config.mesh.dcn_data=4 after -- disagrees with --num-slices 2"),
+])
+def test_tpu_bad_slice_options(tmp_path, fake_bin, extra, message):
+    result = _run("tpu.sh", *V5E_16, "--dry-run", *extra, env=_env(tmp_path, fake_bin), cwd=tmp_path)
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+
+
 def test_tpu_dry_run_needs_no_gcloud(tmp_path):
     # A PATH with only the tools a dry run uses: no gcloud, real or fake.
     tools = tmp_path / "tools"

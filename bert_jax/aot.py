@@ -359,6 +359,10 @@ def _define_flags() -> None:
     flags.DEFINE_float("plan_headroom", 0.1, "--plan: the fraction of HBM a configuration must leave free.")
     flags.DEFINE_float("plan_hbm_gib", 0, "--plan: the HBM per chip to plan for, in GiB (0: the chip's), e.g. "
                        "less than the chip's when something else shares it.")
+    flags.DEFINE_list("plan_meshes", [], "--plan: the DATAxFSDPxTENSOR splits of a slice to try, e.g. 256x1x1,1x256x1 "
+                      "(default: pure data, full FSDP, FSDP in groups of 8, FSDP with 2- and 4-way tensor).")
+    flags.DEFINE_float("plan_resolution", planner.RESOLUTION, "--plan: bisect until the batch found is known to "
+                       "within this fraction of itself.")
     flags.DEFINE_list("plan_remat", list(planner.REMAT_CANDIDATES), "--plan: the remat policies to try.")
     flags.DEFINE_list("plan_scan", ["off", "on"], "--plan: model.scan_layers settings to try (off, on).")
     flags.DEFINE_string("plan_cache_dir", os.path.join(os.path.expanduser("~"), ".cache", "bert_jax", "aot"),
@@ -397,9 +401,15 @@ def _plan() -> None:
         raise app.UsageError(f"--plan_remat={','.join(FLAGS.plan_remat)} must name policies of "
                              f"{sorted(model_lib.REMAT_POLICIES)} and --plan_scan={','.join(FLAGS.plan_scan)} "
                              "settings of off,on")
+    meshes = []
+    for mesh in FLAGS.plan_meshes:
+        if not re.fullmatch(r"\d+x\d+x\d+", mesh):
+            raise app.UsageError(f"--plan_meshes: {mesh!r} is not DATAxFSDPxTENSOR, e.g. 64x4x1")
+        meshes.append(tuple(int(size) for size in mesh.split("x")))
     try:
         planner.run(FLAGS.config, FLAGS.topology[0], FLAGS.num_slices, FLAGS.plan_cache_dir, FLAGS.plan_headroom,
-                    FLAGS.plan_remat, [scans[scan] for scan in FLAGS.plan_scan], int(FLAGS.plan_hbm_gib * GIB))
+                    FLAGS.plan_remat, [scans[scan] for scan in FLAGS.plan_scan], int(FLAGS.plan_hbm_gib * GIB),
+                    meshes, FLAGS.plan_resolution)
     except ValueError as error:
         raise app.UsageError(str(error)) from None
     except LibtpuMissingError as error:

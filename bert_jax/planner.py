@@ -13,6 +13,7 @@ first) compiles only what it has not seen.
 """
 
 import dataclasses
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -72,9 +73,14 @@ def candidate_meshes(chips_per_slice: int, num_heads: int) -> list[tuple[int, in
 
 
 def candidates(chips_per_slice: int, num_heads: int, remats: Iterable[str] = REMAT_CANDIDATES,
-               scans: Iterable[bool] = (False, True)) -> list[Candidate]:
-    return [Candidate(*mesh, remat, scan) for mesh in candidate_meshes(chips_per_slice, num_heads)
-            for remat in remats for scan in scans]
+               scans: Iterable[bool] = (False, True), meshes=None) -> list[Candidate]:
+    """Every (mesh, remat, scan) combination; `meshes` (data, fsdp, tensor) default to candidate_meshes."""
+    meshes = meshes or candidate_meshes(chips_per_slice, num_heads)
+    for mesh in meshes:
+        if math.prod(mesh) != chips_per_slice:
+            raise ValueError(f"--plan_meshes: {'x'.join(map(str, mesh))} is {math.prod(mesh)} chips, but a slice "
+                             f"has {chips_per_slice}")
+    return [Candidate(*mesh, remat, scan) for mesh in meshes for remat in remats for scan in scans]
 
 
 def configure(config, candidate: Candidate, rows_per_shard: int, num_slices: int):
@@ -155,7 +161,8 @@ def search(config, candidate: Candidate, topology: str, num_slices: int, cache: 
         compiled += 1
         report = compile_report(configure(config, candidate, rows, num_slices), topology, num_slices, cache)
         ok = fits_with_headroom(report, headroom, hbm_bytes)
-        log(f"  {candidate.label} rows/shard={rows}: {report.needed_bytes / aot.GIB:.2f} GiB"
+        log(f"  {candidate.label} rows/shard={rows}: {report.needed_bytes / aot.GIB:.2f} GiB, compiled in "
+            f"{report.compile_seconds:.0f} s"
             f" -> {'fits' if ok else 'does not fit'}")
         return ok, report
 
@@ -182,18 +189,21 @@ def search(config, candidate: Candidate, topology: str, num_slices: int, cache: 
 
 def plan(config, topology: str, num_slices: int = 1, cache: ReportCache | None = None, headroom: float = 0.1,
          remats: Iterable[str] = REMAT_CANDIDATES, scans: Iterable[bool] = (False, True), hbm_bytes: int = 0,
-         log: Callable[[str], None] = lambda line: None) -> list[PlanRow]:
+         log: Callable[[str], None] = lambda line: None, meshes=None, resolution: float = RESOLUTION
+         ) -> list[PlanRow]:
     """Searches every candidate for `config` on `num_slices` x `topology`; one PlanRow per candidate.
     `hbm_bytes` (default: the chip's) is the memory a configuration must fit, less `headroom`."""
     if not 0 <= headroom < 1:
         raise ValueError(f"--plan_headroom={headroom}: must be in [0, 1)")
+    if not 0 < resolution < 1:
+        raise ValueError(f"--plan_resolution={resolution}: must be in (0, 1)")
     if hbm_bytes < 0:
         raise ValueError(f"--plan_hbm_gib={hbm_bytes / aot.GIB}: must be positive (0: the chip's HBM)")
     chips = len(aot.topology_devices(topology, 1))
     cache = cache or ReportCache("")
     rows = []
-    for candidate in candidates(chips, config.model.num_heads, remats, scans):
-        rows.append(search(config, candidate, topology, num_slices, cache, headroom, hbm_bytes, log))
+    for candidate in candidates(chips, config.model.num_heads, remats, scans, meshes):
+        rows.append(search(config, candidate, topology, num_slices, cache, headroom, hbm_bytes, log, resolution))
     return rows
 
 
@@ -256,11 +266,12 @@ def format_plan(rows: list[PlanRow], headroom: float, hbm_bytes: int = 0) -> str
 
 
 def run(config, topology: str, num_slices: int, cache_dir: str, headroom: float, remats, scans, hbm_bytes: int = 0,
-        print_fn=print) -> PlanRow | None:
+        meshes=None, resolution: float = RESOLUTION, print_fn=print) -> PlanRow | None:
     """The --plan command: searches, prints the table and the flags of the best row; returns that row."""
     start = time.perf_counter()
+    print_fn = functools.partial(print_fn, flush=True) if print_fn is print else print_fn
     cache = ReportCache(cache_dir)
-    rows = plan(config, topology, num_slices, cache, headroom, remats, scans, hbm_bytes, log=print_fn)
+    rows = plan(config, topology, num_slices, cache, headroom, remats, scans, hbm_bytes, print_fn, meshes, resolution)
     where = topology if num_slices == 1 else f"{num_slices} x {topology}"
     print_fn(f"\nplan for {where}, {config.model.num_layers} layers x {config.model.hidden_size}, seq "
              f"{config.data.max_seq_length}, {rows[0].report.dtype}:")

@@ -179,6 +179,20 @@ def test_cli_bad_topology_names_the_flag():
     assert "--topology='v5litepod-16'" in result.stderr and "v5e:16x16" in result.stderr, result.stderr[-2000:]
 
 
+@pytest.mark.parametrize("args, message", [
+    ([f"--topology={TOPOLOGY},v5e:4x4"], "--plan searches one topology at a time"),
+    ([f"--topology={TOPOLOGY}", "--plan_meshes=2x1"], "--plan_meshes: '2x1' is not DATAxFSDPxTENSOR"),
+    ([f"--topology={TOPOLOGY}", "--plan_meshes=2x1x1"], "--plan_meshes: 2x1x1 is 2 chips, but a slice has 4"),
+    ([f"--topology={TOPOLOGY}", "--plan_remat=some"], "--plan_remat=some must name policies of"),
+    ([f"--topology={TOPOLOGY}", "--plan_headroom=1.5"], "--plan_headroom=1.5: must be in [0, 1)"),
+])
+def test_cli_plan_refuses_bad_flags_by_name(args, message):
+    _require_libtpu()
+    result = _run_cli("--plan", *args)
+    assert result.returncode != 0 and message in result.stderr, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+
+
 def test_cli_without_libtpu_says_which_extra_installs_it():
     _require_libtpu()
     # libtpu made unimportable in the child, as on a machine without the aot / test extra (JAX, once it has

@@ -265,3 +265,21 @@ def test_global_batch_is_sharded_over_the_batch_axes():
     assert ids.sharding.spec == PartitionSpec(("dcn_data", "fsdp", "data"))
     assert ids.addressable_shards[0].data.shape == (BATCH // 4, SEQ)  # 4-way over data x fsdp, whole rows
     np.testing.assert_array_equal(np.asarray(ids), batch["input_ids"])
+
+
+@pytest.mark.parametrize("environment, starts", [
+    ({}, False),
+    ({"TPU_WORKER_HOSTNAMES": "t1v-0"}, False),  # one host, one slice
+    ({"TPU_WORKER_HOSTNAMES": "t1v-0,t1v-1"}, True),  # a pod slice
+    ({"TPU_WORKER_HOSTNAMES": "t1v-0", "MEGASCALE_NUM_SLICES": "2"}, True),  # two one-host slices
+    ({"SLURM_NTASKS": "2"}, True),
+])
+def test_distributed_start_is_detected_from_the_cluster(monkeypatch, environment, starts):
+    for name in ("TPU_WORKER_HOSTNAMES", "MEGASCALE_NUM_SLICES", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    calls = []
+    monkeypatch.setattr(jax.distributed, "initialize", lambda **kwargs: calls.append(kwargs))
+    sharding_lib.initialize_distributed(heartbeat_timeout_s=12)
+    assert calls == ([{"heartbeat_timeout_seconds": 12}] if starts else [])

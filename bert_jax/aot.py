@@ -183,17 +183,24 @@ def dcn_transfers(hlo_text: str) -> dict[str, int]:
     return transfers
 
 
-_COLLECTIVE = re.compile(r"= (\w+)\[([\d,]*)\][^ ]* (all-gather|all-reduce|reduce-scatter|all-to-all|"
-                         r"collective-permute)(?:-start)?\(")
+_COLLECTIVE = re.compile(r"^\s*(?:ROOT )?%\S+ = (.*?) (all-gather|all-reduce|reduce-scatter|all-to-all|"
+                         r"collective-permute)(-start)?\(", re.MULTILINE)
+_SHAPE = re.compile(r"\b(\w+)\[([\d,]*)\]")
 
 
 def collective_bytes(hlo_text: str) -> dict[str, int]:
     """The result sizes of the collectives in a compiled program (one chip's), by kind: what the step moves over
     the chips' links, to within the algorithm's factor (an all-gather's result is the gathered array, an all-reduce
-    sends about twice its size). A collective in a while-loop body counts once, like XLA's FLOPs."""
+    sends about twice its size). XLA combines small collectives into one with a tuple result, whose elements all
+    count; an asynchronous start's tuple holds its operands, then its results. A collective in a while-loop body
+    counts once, like XLA's FLOPs."""
     totals: dict[str, int] = {}
-    for dtype, dims, kind in _COLLECTIVE.findall(hlo_text):
-        size = int(np.prod([int(dim) for dim in dims.split(",") if dim])) * _DTYPE_BYTES.get(dtype, 4)
+    for result, kind, start in _COLLECTIVE.findall(hlo_text):
+        shapes = [(dtype, dims) for dtype, dims in _SHAPE.findall(result) if dtype in _DTYPE_BYTES]
+        if start and kind != "all-reduce" and len(shapes) > 1:
+            shapes = shapes[len(shapes) // 2:]
+        size = sum(int(np.prod([int(dim) for dim in dims.split(",") if dim])) * _DTYPE_BYTES[dtype]
+                   for dtype, dims in shapes)
         totals[kind] = totals.get(kind, 0) + size
     return totals
 

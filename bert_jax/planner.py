@@ -31,6 +31,8 @@ REMAT_CANDIDATES = ("none", "matmuls", "full")
 RESOLUTION = 1 / 8
 FIRST_ROWS = 8
 MAX_ROWS_PER_SHARD = 4096
+# Part of every cache key: raise it when AotReport or what fills it changes, so that old reports are not reused.
+CACHE_VERSION = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,7 +105,8 @@ class ReportCache:
         self._versions = {name: _version(name) for name in ("jax", "jaxlib", "libtpu")}
 
     def key(self, config, topology: str, num_slices: int) -> str:
-        text = json.dumps([config.to_json(sort_keys=True), topology, num_slices, self._versions], sort_keys=True)
+        text = json.dumps([CACHE_VERSION, config.to_json(sort_keys=True), topology, num_slices, self._versions],
+                          sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:32]
 
     def get(self, key: str) -> aot.AotReport | None:

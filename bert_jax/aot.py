@@ -184,7 +184,8 @@ def dcn_transfers(hlo_text: str) -> dict[str, int]:
 
 
 _COLLECTIVE = re.compile(r"^\s*(?:ROOT )?%\S+ = (.*?) (all-gather|all-reduce|reduce-scatter|all-to-all|"
-                         r"collective-permute)(-start)?\(", re.MULTILINE)
+                         r"collective-permute)(-start)?\(([^\n]*)", re.MULTILINE)
+_CHANNEL = re.compile(r"\bchannel_id=(\d+)")
 _SHAPE = re.compile(r"\b(\w+)\[([\d,]*)\]")
 
 
@@ -192,10 +193,17 @@ def collective_bytes(hlo_text: str) -> dict[str, int]:
     """The result sizes of the collectives in a compiled program (one chip's), by kind: what the step moves over
     the chips' links, to within the algorithm's factor (an all-gather's result is the gathered array, an all-reduce
     sends about twice its size). XLA combines small collectives into one with a tuple result, whose elements all
-    count; an asynchronous start's tuple holds its operands, then its results. A collective in a while-loop body
-    counts once, like XLA's FLOPs."""
+    count; an asynchronous start's tuple holds its operands, then its results. XLA:TPU copies one collective into
+    several fusions (its async and pipelined forms), so each channel counts once. A collective in a while-loop
+    body counts once, like XLA's FLOPs."""
     totals: dict[str, int] = {}
-    for result, kind, start in _COLLECTIVE.findall(hlo_text):
+    channels = set()
+    for result, kind, start, rest in _COLLECTIVE.findall(hlo_text):
+        channel = _CHANNEL.search(rest)
+        if channel:
+            if channel.group(1) in channels:
+                continue
+            channels.add(channel.group(1))
         shapes = [(dtype, dims) for dtype, dims in _SHAPE.findall(result) if dtype in _DTYPE_BYTES]
         if start and kind != "all-reduce" and len(shapes) > 1:
             shapes = shapes[len(shapes) // 2:]

@@ -32,7 +32,7 @@ RESOLUTION = 1 / 8
 FIRST_ROWS = 8
 MAX_ROWS_PER_SHARD = 4096
 # Part of every cache key: raise it when AotReport or what fills it changes, so that old reports are not reused.
-CACHE_VERSION = 2
+CACHE_VERSION = 3
 
 
 @dataclasses.dataclass(frozen=True)

@@ -262,11 +262,13 @@ def test_planner_finds_a_batch_the_plain_compile_confirms_and_rejects_the_next(t
 
 
 def test_collective_bytes_counts_combined_and_asynchronous_collectives():
-    """The forms XLA:TPU prints: a combined all-reduce with a tuple result, a plain all-gather, an asynchronous
-    all-gather start (operands, then results) and an all-reduce start (its result)."""
+    """The forms XLA:TPU prints: a combined all-reduce with a tuple result, a plain all-gather (and a copy of it in
+    another fusion, same channel), an asynchronous all-gather start (operands, then results) and an all-reduce
+    start (its result)."""
     hlo = "\n".join([
         "  %all-reduce.53 = (f32[128]{0:T(128)S(1)}, /*index=1*/f32[512,128]{1,0:T(8,128)}) all-reduce(%a, %b), x",
         "  %all-gather.7 = bf16[128,128]{1,0:T(8,128)(2,1)} all-gather(%p), channel_id=72",
+        "  %all-gather.9 = bf16[128,128]{1,0:T(8,128)(2,1)} all-gather(%p.2), channel_id=72",  # a copy
         "  %all-gather-start = (bf16[64,128]{1,0}, bf16[128,128]{1,0}) all-gather-start(%q), channel_id=3",
         "  ROOT %all-reduce-start.2 = f32[16]{0} all-reduce-start(%r), channel_id=4",
         "  %add.1 = f32[] add(%all-reduce.53, %c)",

@@ -173,13 +173,17 @@ _DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16
 _DCN_SEND = re.compile(r"= \((\w+)\[([\d,]*)\][^\n]*?\) send\([^\n]*?_xla_megascale_transfer_type=\"(\w+)\"")
 
 
+def _shape_bytes(dtype: str, dims: str) -> int:
+    """Bytes of an HLO array shape such as f32[8,128] (dtype "f32", dims "8,128")."""
+    return int(np.prod([int(dim) for dim in dims.split(",") if dim])) * _DTYPE_BYTES[dtype]
+
+
 def dcn_transfers(hlo_text: str) -> dict[str, int]:
     """Bytes one chip sends to other slices per step, by transfer type (ALL_REDUCE, ONE_TO_ONE, ...), read from
     the compiled multi-slice program; empty for one slice."""
     transfers: dict[str, int] = {}
     for dtype, dims, kind in _DCN_SEND.findall(hlo_text):
-        size = int(np.prod([int(dim) for dim in dims.split(",") if dim])) * _DTYPE_BYTES[dtype]
-        transfers[kind] = transfers.get(kind, 0) + size
+        transfers[kind] = transfers.get(kind, 0) + _shape_bytes(dtype, dims)
     return transfers
 
 
@@ -207,9 +211,7 @@ def collective_bytes(hlo_text: str) -> dict[str, int]:
         shapes = [(dtype, dims) for dtype, dims in _SHAPE.findall(result) if dtype in _DTYPE_BYTES]
         if start and kind != "all-reduce" and len(shapes) > 1:
             shapes = shapes[len(shapes) // 2:]
-        size = sum(int(np.prod([int(dim) for dim in dims.split(",") if dim])) * _DTYPE_BYTES[dtype]
-                   for dtype, dims in shapes)
-        totals[kind] = totals.get(kind, 0) + size
+        totals[kind] = totals.get(kind, 0) + sum(_shape_bytes(dtype, dims) for dtype, dims in shapes)
     return totals
 
 
@@ -302,7 +304,7 @@ def _gib(value: int) -> str:
     return f"{value / (1 << 20):.1f} MiB" if value >= 1 << 20 else f"{value / (1 << 10):.1f} KiB"
 
 
-def _fits(report: AotReport) -> str:
+def fits_verdict(report: AotReport) -> str:
     if report.out_of_memory:
         # e.g. "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO temporaries
         # (45.40G) exceeds available HBM (15.75G)."
@@ -341,7 +343,7 @@ def format_reports(reports: list[AotReport]) -> str:
         ("to other slices per chip", lambda r: ", ".join(f"{kind.lower()} {size / 2**20:.3g} MiB"
                                                           for kind, size in sorted(r.dcn_bytes.items())) or "-"),
         ("HBM per chip", lambda r: _gib(r.hbm_bytes)),
-        ("fits", _fits),
+        ("fits", fits_verdict),
         *flops_rows,
         ("model TFLOP/step per chip", lambda r: f"{r.model_flops_per_device / 1e12:.4g}"),
         ("executed matmul TFLOP/step per chip", lambda r: f"{r.executed_flops_per_device / 1e12:.4g}"),

@@ -3,8 +3,9 @@
 Where a run starts from (`Checkpointer.restore_latest` and bert_jax.pretraining decide it, in this order):
 1. The workdir's own checkpoints (WORKDIR/checkpoints): the latest one that restores. A corrupt or partial one
    (unreadable, failing its checksums, or holding a NaN) is skipped with a warning naming it, moved aside to
-   `STEP.corrupt` (kept, never deleted), and the one before is used. A run restarted after a crash or a preemption continues exactly where it stopped: same parameters,
-   optimizer state, step, RNG and input position, so the losses are the ones the uninterrupted run would have had.
+   `STEP.corrupt` (kept, never deleted), and the one before is used. A run restarted after a crash or a preemption
+   continues exactly where it stopped: same parameters, optimizer state, step, RNG and input position, so the
+   losses are the ones the uninterrupted run would have had.
 2. `--config.init`: a checkpoint of another run (a step directory, or a checkpoints directory whose latest step is
    taken): its parameters only; the optimizer, step counter, schedule and input start afresh (continued
    pretraining with a new recipe). Used only while the workdir has no checkpoint of its own.

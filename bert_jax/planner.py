@@ -3,13 +3,13 @@ slice (or several), found by compiling candidates ahead of time on any host.
 
 For every candidate (a split of each slice's chips over data, fsdp and tensor; a remat policy; scan_layers on or
 off) it searches the largest batch per data-parallel shard whose compiled step leaves at least `headroom` of the
-chip's HBM free: doubling from 8 rows per shard (halving below it when 8 do not fit) until a step does not fit, then bisecting between the last that fit
-and the first that did not, down to an eighth of the batch found (or one row). Every figure is the compiler's
+chip's HBM free: doubling from 8 rows per shard until a step does not fit, then bisecting between the last that
+fit (or 0) and the first that did not, down to an eighth of the batch found (or one row). Every figure is the compiler's
 (bert_jax.aot.compile_train_step's AotReport): memory, FLOPs and collective bytes per chip, no throughput model.
 
-Each compiled configuration's report is kept as JSON under `cache_dir`, keyed by the whole config, the topology
-and the jax and libtpu versions, so that a second plan (another sequence length, a topology compared with the
-first) compiles only what it has not seen.
+Each compiled configuration's report is kept as JSON under `cache_dir`, keyed by the whole config, the topology,
+the slice count, the jax/jaxlib/libtpu versions and CACHE_VERSION, so that a second plan (another sequence
+length, a topology compared with the first) compiles only what it has not seen.
 """
 
 import dataclasses
@@ -21,7 +21,6 @@ import math
 import os
 import time
 from typing import Callable, Iterable
-
 
 from bert_jax import aot
 
@@ -165,11 +164,10 @@ def search(config, candidate: Candidate, topology: str, num_slices: int, cache: 
         report = compile_report(configure(config, candidate, rows, num_slices), topology, num_slices, cache)
         ok = fits_with_headroom(report, headroom, hbm_bytes)
         log(f"  {candidate.label} rows/shard={rows}: {report.needed_bytes / aot.GIB:.2f} GiB, compiled in "
-            f"{report.compile_seconds:.0f} s"
-            f" -> {'fits' if ok else 'does not fit'}")
+            f"{report.compile_seconds:.0f} s -> {'fits' if ok else 'does not fit'}")
         return ok, report
 
-    # Doubling from FIRST_ROWS (or halving below it), then bisection between the last fit and the first misfit.
+    # Doubling from FIRST_ROWS, then bisection between the last fit (0: none yet) and the first misfit.
     low, low_report, high, high_report = 0, None, None, None
     rows = FIRST_ROWS
     while high is None and rows <= MAX_ROWS_PER_SHARD:
@@ -249,12 +247,12 @@ def format_plan(rows: list[PlanRow], headroom: float, hbm_bytes: int = 0) -> str
                     f"{sum(report.collective_bytes.values()) / 2**20:.4g} MiB{loops}",
                     f"{sum(report.dcn_bytes.values()) / 2**20:.4g} MiB" if report.dcn_bytes else "-"]
         else:
-            memory = ["-", "-", f"NO at 1 row/shard: {aot._fits(report)}"]  # pylint: disable=protected-access
+            memory = ["-", "-", f"NO at 1 row/shard: {aot.fits_verdict(report)}"]
             work = ["-", "-", "-"]
-        above = row.not_fitting
-        next_up = (f"{above.batch_size}: {_size(above.needed_bytes)} GiB" if above is not None and row.fits
-                   and not above.out_of_memory else f"{above.batch_size}: XLA out of memory"
-                   if above is not None and row.fits else "-")
+        above, next_up = row.not_fitting, "-"
+        if row.fits and above is not None:
+            next_up = f"{above.batch_size}: " + (
+                "XLA out of memory" if above.out_of_memory else f"{_size(above.needed_bytes)} GiB")
         label = (f"{row.candidate.data},{row.candidate.fsdp},{row.candidate.tensor}  {row.candidate.remat}  "
                  f"{'on' if row.candidate.scan_layers else 'off'}")
         cells.append([label, str(row.rows_per_shard) if row.fits else "0", str(report.batch_size) if row.fits

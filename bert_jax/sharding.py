@@ -27,8 +27,9 @@ def initialize_distributed(coordinator_address: str = "", num_processes: int = 0
     """Starts jax.distributed when the run spans several processes; a no-op for a single process.
 
     Explicit flags win. Otherwise JAX's own cluster detection is used where a multi-process cluster is visible:
-    Cloud TPU pod slices (several TPU worker hostnames) and multi-slice jobs (MEGASCALE_NUM_SLICES > 1), SLURM jobs with more than one task, and Open MPI /
-    torchrun-style launches. A single-host TPU VM, a laptop or a one-task SLURM job starts no coordinator.
+    Cloud TPU pod slices (several TPU worker hostnames) and multi-slice jobs (MEGASCALE_NUM_SLICES > 1), SLURM
+    jobs with more than one task, and Open MPI / torchrun-style launches. A single-host TPU VM, a laptop or a
+    one-task SLURM job starts no coordinator.
     A process that sends no heartbeat for `heartbeat_timeout_s` seconds counts as dead: JAX then ends every other
     process ("Terminating process because the JAX distributed service detected fatal errors ... another task
     died"), rather than leaving them waiting in a collective; restarting all of them resumes.

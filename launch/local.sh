@@ -31,8 +31,8 @@ done
 # The driver's XLA:CPU options (bert_jax.main.CPU_XLA_FLAGS; the driver adds them too, --dry-run shows them here),
 # each only where XLA_FLAGS does not name it, so `XLA_FLAGS=--NAME=VALUE launch/local.sh ...` overrides it.
 xla_flags="${XLA_FLAGS:-}"
-for flag in --xla_cpu_experimental_ynn_fusion_type=reduce --xla_cpu_use_onednn=true \
-    --xla_cpu_experimental_onednn_fusion_type=individual_dot; do
+cpu_xla_flags=(--xla_cpu_experimental_ynn_fusion_type=reduce)
+for flag in "${cpu_xla_flags[@]}"; do
   if [[ " ${xla_flags} " != *" ${flag%%=*}="* && " ${xla_flags} " != *" ${flag%%=*} "* ]]; then
     xla_flags="${xla_flags:+${xla_flags} }${flag}"
   fi

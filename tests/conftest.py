@@ -36,32 +36,23 @@ def _logging_levels():
         logger.setLevel(level)
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Scheduling over pytest-xdist workers (pytest.ini: --numprocesses=auto --dist=loadgroup --no-loadscope-reorder).
+# Scheduling over pytest-xdist workers, per-test limits and the per-test log: a plugin of its own, so that a test can
+# run an inner pytest under exactly this scheduling (tests/test_scheduling.py).
+from tests.xdist_scheduling import (  # noqa: E402,F401  (pytest finds hooks by name in a conftest's namespace)
+    pytest_configure, pytest_configure_node, pytest_handlecrashitem,
+    pytest_runtest_logstart, pytest_unconfigure, pytest_xdist_make_scheduler)
+from tests import xdist_scheduling  # noqa: E402
 
-# Modules whose tests share an expensive module-scoped fixture or cache (a compiled step, an unsharded reference
-# run): each runs on one worker, as one unit, so that the fixture is made once. pytest-xdist's xdist_group mark
-# would say this in the module, but under pytest 9.2 it no longer groups anything (pytest-dev/pytest-xdist#1386).
-ONE_WORKER_MODULES = ("test_aot.py", "test_sharding.py")
+# The time limit of a test marked slow that sets none of its own (pytest.ini's `timeout` holds for the rest): the
+# slowest of them took ~200 s on a busy 2-core machine.
+SLOW_TEST_TIMEOUT_S = 900
 
 
-def _module(nodeid):
-    return os.path.basename(nodeid.split("::", 1)[0])
-
-
-@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: unknown with -p no:xdist
-def pytest_xdist_make_scheduler(config, log):
-    """--dist=loadgroup's scheduler, with every module of ONE_WORKER_MODULES one unit (any other test its own)."""
-    if config.getvalue("dist") != "loadgroup":
-        return None
-    from xdist.scheduler import LoadGroupScheduling  # pylint: disable=import-outside-toplevel
-
-    class ModuleGroups(LoadGroupScheduling):
-        def _split_scope(self, nodeid):
-            module = nodeid.split("::", 1)[0]
-            return module if _module(nodeid) in ONE_WORKER_MODULES else super()._split_scope(nodeid)
-
-    return ModuleGroups(config, log)
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.get_closest_marker("slow") and not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(SLOW_TEST_TIMEOUT_S))
+    xdist_scheduling.pytest_collection_modifyitems(config, items)
 
 
 _XDIST_OPTIONS = (  # (flags, keyword arguments) of the pytest-xdist options in pytest.ini's addopts
@@ -77,19 +68,3 @@ def pytest_addoption(parser, pluginmanager):
         group = parser.getgroup("xdist", "pytest-xdist is not loaded: these options are ignored")
         for flags, kwargs in _XDIST_OPTIONS:
             group.addoption(*flags, **kwargs, help="ignored: pytest-xdist is not loaded")
-
-
-def _start_rank(item):
-    """0: a test marked slow (driver subprocesses, several compilations: the longest single units); 1: a module of
-    ONE_WORKER_MODULES (tens of seconds as one unit); 2: the rest."""
-    if item.get_closest_marker("slow"):
-        return 0
-    return 1 if _module(item.nodeid) in ONE_WORKER_MODULES else 2
-
-
-def pytest_collection_modifyitems(config, items):
-    # Under pytest-xdist, longest first: the workers take units in this order, so the long ones start at once rather
-    # than leaving one worker to finish a long test alone at the end. A stable sort: files keep their order. A serial
-    # run keeps the files' order.
-    if hasattr(config, "workerinput"):
-        items.sort(key=_start_rank)

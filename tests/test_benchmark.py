@@ -49,7 +49,7 @@ def test_run_reports_jax_and_torch_steps_with_consistent_flops():
     for column in benchmark.TORCH_COLUMNS:
         assert column in torch_header
     assert "peak GiB: process peak RSS" in text and "matmul ceiling" in text and "CPU threads" in text
-    assert "XLA_FLAGS: " in text and "--xla_cpu_use_onednn=true" in text
+    assert "XLA_FLAGS: " in text and "--xla_cpu_experimental_ynn_fusion_type=reduce" in text
     ceiling_line = next(line for line in lines if "matmul ceiling" in line)
     assert f"{ceiling / 1e12:.3f} TFLOP/s, the higher of a measurement before the steps" in ceiling_line
     assert "and one after them" in ceiling_line
@@ -183,4 +183,6 @@ def test_benchmark_sets_the_drivers_xla_flags_unless_named():
     assert benchmark.with_driver_xla_flags(user) == driver.with_cpu_xla_flags(user)
     assert benchmark.with_driver_xla_flags(user).split() == [
         "--xla_force_host_platform_device_count=2", "--xla_cpu_use_onednn=false",
-        "--xla_cpu_experimental_ynn_fusion_type=reduce", "--xla_cpu_experimental_onednn_fusion_type=individual_dot"]
+        "--xla_cpu_experimental_ynn_fusion_type=reduce"]
+    named = "--xla_cpu_experimental_ynn_fusion_type="
+    assert benchmark.with_driver_xla_flags(named) == driver.with_cpu_xla_flags(named) == named

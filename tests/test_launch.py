@@ -522,8 +522,11 @@ def test_local_dry_run_fake_devices(tmp_path, fake_bin):
     # The user's XLA_FLAGS win: a flag it names (with a value, or an empty one) is not added again.
     user = "--xla_cpu_use_onednn=false --xla_cpu_experimental_ynn_fusion_type="
     mine = _run("local.sh", "--dry-run", *args, env=_env(tmp_path, fake_bin, XLA_FLAGS=user), cwd=tmp_path)
-    assert shlex.split(mine.stdout)[1] == f"XLA_FLAGS={driver.with_cpu_xla_flags(user)}"
-    assert driver.with_cpu_xla_flags(user) == f"{user} --xla_cpu_experimental_onednn_fusion_type=individual_dot"
+    assert shlex.split(mine.stdout)[1] == f"XLA_FLAGS={driver.with_cpu_xla_flags(user)}" == f"XLA_FLAGS={user}"
+    other = "--xla_cpu_use_onednn=false"
+    mine = _run("local.sh", "--dry-run", *args, env=_env(tmp_path, fake_bin, XLA_FLAGS=other), cwd=tmp_path)
+    assert shlex.split(mine.stdout)[1] == f"XLA_FLAGS={driver.with_cpu_xla_flags(other)}"
+    assert driver.with_cpu_xla_flags(other) == f"{other} --xla_cpu_experimental_ynn_fusion_type=reduce"
 
 
 def test_local_tuned_malloc_sets_glibc_tunables_and_the_users_come_last(tmp_path, fake_bin):

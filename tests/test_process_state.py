@@ -102,10 +102,11 @@ def test_the_driver_sets_its_xla_cpu_flags_before_jax_starts_and_the_users_win(m
     driver.run()
     assert seen[-1].split() == [f"--{name}={value}" for name, value in driver.CPU_XLA_FLAGS]
     # A flag the user names, with any value (an empty one too), is left as the user wrote it.
-    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=2 --xla_cpu_use_onednn=false "
-                                    "--xla_cpu_experimental_ynn_fusion_type=")
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=2 --xla_cpu_experimental_ynn_fusion_type=")
     driver.run()
-    assert seen[-1].split() == ["--xla_force_host_platform_device_count=2", "--xla_cpu_use_onednn=false",
-                                "--xla_cpu_experimental_ynn_fusion_type=",
-                                "--xla_cpu_experimental_onednn_fusion_type=individual_dot"]
+    assert seen[-1].split() == ["--xla_force_host_platform_device_count=2", "--xla_cpu_experimental_ynn_fusion_type="]
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
+    driver.run()
+    assert seen[-1].split() == ["--xla_force_host_platform_device_count=2",
+                                "--xla_cpu_experimental_ynn_fusion_type=reduce"]
     assert driver.with_cpu_xla_flags(seen[-1]) == seen[-1]  # idempotent: launch/local.sh and run() both add them

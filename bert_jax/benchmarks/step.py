@@ -61,8 +61,7 @@ TORCH_COLUMNS = ("preset", "threads", "jax s", "torch stock s", "torch gathered 
 MASK_ID = 103  # [MASK] in the BERT uncased vocabulary
 # The driver's XLA:CPU options (bert_jax.main.CPU_XLA_FLAGS, which the benchmark's test compares with these), so the
 # step timed is the driver's. Not imported from there: bert_jax.main defines the driver's required absl flags.
-DRIVER_XLA_FLAGS = ("--xla_cpu_experimental_ynn_fusion_type=reduce", "--xla_cpu_use_onednn=true",
-                    "--xla_cpu_experimental_onednn_fusion_type=individual_dot")
+DRIVER_XLA_FLAGS = ("--xla_cpu_experimental_ynn_fusion_type=reduce",)
 
 
 def schedulable_cores() -> int:

@@ -44,7 +44,7 @@ from tests.xdist_scheduling import (  # noqa: E402,F401  (pytest finds hooks by 
 from tests import xdist_scheduling  # noqa: E402
 
 # The time limit of a test marked slow that sets none of its own (pytest.ini's `timeout` holds for the rest): the
-# slowest of them took ~200 s on a busy 2-core machine.
+# slowest took 198 s in a fresh-clone run of the suite on the 2-core CI machine.
 SLOW_TEST_TIMEOUT_S = 900
 
 

@@ -13,7 +13,7 @@ exactly this scheduling: `python -m pytest -p tests.xdist_scheduling -n 2 --dist
   (INTERNALERROR KeyError in `_assign_work_unit`) and could leave a worker holding one test forever (a worker runs a
   test only once it knows the next one), so the run hung.
 - Each worker writes its file descriptors 1 and 2 (native output: XLA, TensorFlow, faulthandler) to
-  WORKER_LOG_DIR/<worker>.log, a marker line before each test; Python output is captured per test as usual
+  <a temporary directory>/<worker>.log, a marker line before each test; Python output is captured per test as usual
   (pytest.ini: --capture=sys, so that native output reaches the log even when the process dies mid-test).
 """
 
@@ -68,6 +68,14 @@ def pytest_xdist_make_scheduler(config, log):
             for other in self.nodes:
                 self._reschedule(other)
             return crashitem
+
+        def _assign_work_unit(self, node):
+            try:
+                super()._assign_work_unit(node)
+            except OSError:
+                # The worker died after its last report, before this send ("cannot send (already closed?)"): its
+                # errordown event comes next, and remove_node puts this unit back with the rest of its work.
+                pass
 
         def _reschedule(self, node):
             # A replacement worker is scheduled once its collection arrives (schedule() runs then), not before.

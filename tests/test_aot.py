@@ -231,6 +231,7 @@ def test_tiny_compiles_for_two_slices_with_the_batch_over_both():
     assert _compiled_tiny()[1].dcn_bytes == {}
 
 
+@pytest.mark.timeout(900)  # ~20 compilations: 150 s in a fresh-clone run of the suite on 2 cores
 def test_planner_finds_a_batch_the_plain_compile_confirms_and_rejects_the_next(tmp_path):
     """The planner's search for fsdp x tensor = 2 x 2 on v5e:2x2 against a 64 MiB budget, which the tiny preset
     (dropout off: its random bits multiply XLA:TPU's compile time at larger batches) outgrows between 8 and 16 rows

@@ -1,9 +1,11 @@
 """Orbax checkpoints of a whole run: train state, the dropout RNG, and every process's input position.
 
 Where a run starts from (`Checkpointer.restore_latest` and bert_jax.pretraining decide it, in this order):
-1. The workdir's own checkpoints (WORKDIR/checkpoints): the latest one that restores. A corrupt or partial one
+1. The workdir's own checkpoints (WORKDIR/checkpoints): the latest one that restores (or the one
+   checkpoint.restore_step names: newer ones are moved aside to `STEP.rewound`). A corrupt or partial one
    (unreadable, failing its checksums, or holding a NaN) is skipped with a warning naming it, moved aside to
-   `STEP.corrupt` (kept, never deleted), and the one before is used. A run restarted after a crash or a preemption
+   `STEP.corrupt` (kept, never deleted), and the one before is used. One whose parameters made the next step
+   diverge is moved aside to `STEP.diverged` by the run that saw it (bert_jax.divergence). A run restarted after a crash or a preemption
    continues exactly where it stopped: same parameters, optimizer state, step, RNG and input position, so the
    losses are the ones the uninterrupted run would have had.
 2. `--config.init`: a checkpoint of another run (a step directory, or a checkpoints directory whose latest step is
@@ -45,6 +47,17 @@ CHECKPOINT_SUBDIR = "checkpoints"
 STATE_ITEM = "state"  # {"train_state": TrainState, "rng": uint32 key data}
 DATA_ITEM = "data"  # one input-position file set per process
 INTEGRITY_ITEM = "integrity"  # JSON: {"checksums": {array name: checksum}} of the state item's arrays
+HEALTH_ITEM = "health"  # JSON: bert_jax.divergence.Health (recent losses, verified steps, rewinds)
+
+
+@dataclasses.dataclass
+class KeepStep:
+    """A preservation policy (orbax's protocol) that keeps one step, changed as the run goes: the newest verified
+    checkpoint (bert_jax.divergence) survives max_to_keep."""
+    step: int | None = None
+
+    def should_preserve(self, checkpoints, *, context):  # pylint: disable=unused-argument
+        return [info.step == self.step for info in checkpoints]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -174,7 +187,8 @@ class Checkpointer:
         self.async_save = async_save
         self.checksums = checksums  # and the checks on restore; off only to measure their cost (benchmarks.checkpoint)
         self._saving = None  # the step of the asynchronous save in flight, until its outcome is known
-        policies = [checkpoint_managers.LatestN(n=max_to_keep)]
+        self.keep_verified = KeepStep()
+        policies = [checkpoint_managers.LatestN(n=max_to_keep), self.keep_verified]
         if keep_best:
             # Lowest eval loss; checkpoints saved without an evaluation are kept by recency alone.
             policies.append(checkpoint_managers.BestN(get_metric_fn=lambda metrics: metrics["eval_loss"],
@@ -189,15 +203,24 @@ class Checkpointer:
             epath.Path(directory), options=options,
             item_handlers={STATE_ITEM: ocp.PyTreeCheckpointHandler(use_compression=compression),
                            DATA_ITEM: DataIteratorHandler(),
-                           INTEGRITY_ITEM: ocp.JsonCheckpointHandler()})
+                           INTEGRITY_ITEM: ocp.JsonCheckpointHandler(),
+                           HEALTH_ITEM: ocp.JsonCheckpointHandler()})
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
 
+    def all_steps(self) -> list[int]:
+        return sorted(self.manager.all_steps())
+
+    def protect(self, step: int | None) -> None:
+        """Keeps checkpoint `step` whatever max_to_keep (from the next save's clean-up on); None keeps none."""
+        self.keep_verified.step = step
+
     def should_save(self, step: int) -> bool:
         return self.every_steps > 0 and step % self.every_steps == 0
 
-    def save(self, step: int, state, rng: jax.Array, data_iterator, metrics: dict[str, float] | None = None) -> float:
+    def save(self, step: int, state, rng: jax.Array, data_iterator, metrics: dict[str, float] | None = None,
+             health: dict | None = None) -> float:
         """Saves (asynchronously: starts saving) and logs which; returns the seconds the caller was blocked (the
         whole write when synchronous; the host copy, and any previous save still in flight, when asynchronous).
 
@@ -207,6 +230,8 @@ class Checkpointer:
         start = time.perf_counter()
         saved = {"train_state": state, "rng": jax.random.key_data(rng)}
         items = {STATE_ITEM: ocp.args.PyTreeSave(saved), DATA_ITEM: DataIteratorSave(data_iterator)}
+        if health is not None:
+            items[HEALTH_ITEM] = ocp.args.JsonSave(health)
         if self.checksums:
             checksums, non_finite = summarize(saved)
             if non_finite:
@@ -298,11 +323,22 @@ class Checkpointer:
         recorded = (epath.Path(self.directory) / str(step) / INTEGRITY_ITEM).exists()
         if recorded:
             items[INTEGRITY_ITEM] = ocp.args.JsonRestore()
+        has_health = (epath.Path(self.directory) / str(step) / HEALTH_ITEM).exists()
+        if has_health:
+            items[HEALTH_ITEM] = ocp.args.JsonRestore()
         restored = self.manager.restore(step, args=ocp.args.Composite(**items))
         state = restored[STATE_ITEM]
         if self.checksums:
             self._verify(step, state, restored[INTEGRITY_ITEM]["checksums"] if recorded else None)
-        return state["train_state"], jax.random.wrap_key_data(state["rng"])
+        return (state["train_state"], jax.random.wrap_key_data(state["rng"]),
+                restored[HEALTH_ITEM] if has_health else None)
+
+    def read_health(self, step: int) -> dict | None:
+        """Checkpoint `step`'s health record (bert_jax.divergence.Health as JSON), None if it has none."""
+        if not (epath.Path(self.directory) / str(step) / HEALTH_ITEM).exists():
+            return None
+        return self.manager.restore(step, args=ocp.args.Composite(**{HEALTH_ITEM: ocp.args.JsonRestore()}))[
+            HEALTH_ITEM]
 
     def _verify(self, step: int, state, recorded: dict[str, int] | None) -> None:
         """Raises CorruptCheckpointError unless the restored arrays are finite and have the checksums they were
@@ -322,8 +358,9 @@ class Checkpointer:
                                          f"(checksum mismatch), e.g. {changed[:3]}")
 
     def restore_latest(self, abstract_state, state_shardings, rng_sharding, data_iterator):
-        """(step, state, rng) of the newest checkpoint that restores, or None. A corrupt one (unreadable, partial,
-        failing its checksums, or holding non-finite values) is moved aside and the one before is tried."""
+        """(step, state, rng, health record or None) of the newest checkpoint that restores, or None. A corrupt one
+        (unreadable, partial, failing its checksums, or holding non-finite values) is moved aside and the one before
+        is tried."""
         for step in sorted(self.manager.all_steps(), reverse=True):
             try:
                 self._check_fits(step, {"train_state": abstract_state, "rng": jax.ShapeDtypeStruct((2,), np.uint32)})
@@ -340,22 +377,26 @@ class Checkpointer:
                 result, error = None, exception
             if sharding_lib.all_processes_agree(error is None):
                 return step, *result
-            self._set_aside(step, error)
+            target = self.set_aside(step, "corrupt")
+            logging.warning("checkpoint %s is corrupt or partial (%s: %s); skipping it (moved to %s) and trying the "
+                            "one before", epath.Path(self.directory) / str(step),
+                            type(error).__name__ if error else "unreadable on another process",
+                            str(error)[:300] if error else "", target)
         return None
 
-    def _set_aside(self, step: int, error: Exception | None) -> None:
+    def set_aside(self, step: int, suffix: str) -> epath.Path:
+        """Renames checkpoint `step` to STEP.SUFFIX (kept, never deleted: `corrupt`, `diverged`, `rewound`) so that
+        no run restores it; returns the new path. Every process calls it."""
         path = epath.Path(self.directory) / str(step)
-        target = path.parent / f"{step}.corrupt"
+        target = path.parent / f"{step}.{suffix}"
         if target.exists():
-            target = path.parent / f"{step}.corrupt-{int(time.time())}"
-        logging.warning("checkpoint %s is corrupt or partial (%s: %s); skipping it (moved to %s) and trying the "
-                        "one before", path, type(error).__name__ if error else "unreadable on another process",
-                        str(error)[:300] if error else "", target)
+            target = path.parent / f"{step}.{suffix}-{int(time.time())}"
         if jax.process_index() == 0 and path.exists():
             path.rename(target)
         if jax.process_count() > 1:
-            multihost_utils.sync_global_devices(f"bert_jax_set_aside_{step}")
+            multihost_utils.sync_global_devices(f"bert_jax_set_aside_{step}_{suffix}")
         self.manager.reload()
+        return target
 
 
 # ---------------------------------------------------------------------------------------------------------------

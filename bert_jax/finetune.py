@@ -38,6 +38,7 @@ import orbax.checkpoint as ocp
 from jax.sharding import NamedSharding, PartitionSpec
 
 from bert_jax import checkpoint as checkpoint_lib
+from bert_jax import divergence
 from bert_jax.data import finetune_data
 from bert_jax import fileio
 from bert_jax import metrics as metrics_lib
@@ -47,7 +48,7 @@ from bert_jax import init_architecture
 from bert_jax import pretrained
 from bert_jax import sharding as sharding_lib
 from bert_jax.data import tokenization
-from bert_jax.train import NonFiniteLossError, TrainState, apply_gradients, jit_train_step
+from bert_jax.train import TrainState, apply_gradients, jit_train_step
 
 POOLINGS = ("cls", "mean", "last4")
 MODES = ("finetune", "features")
@@ -90,6 +91,7 @@ def validate_config(config, num_devices: int, process_count: int = 1, mode: str 
         fail("train.log_every", "must be positive")
     if train.eval_every < 0:
         fail("train.eval_every", "must be >= 0 (0: evaluate only at the end)")
+    divergence.validate_config(train)
     if data.format not in finetune_data.FORMATS:
         fail("data.format", f"choose one of {finetune_data.FORMATS}")
     columns = finetune_data.split_names(data.text_columns)
@@ -348,6 +350,7 @@ def finetune(config, workdir: str) -> dict[str, float]:
         eval_step = jax.jit(make_eval_step(model, rules), in_shardings=(param_shardings, batch_sharding),
                             out_shardings=replicated)
         batches = finetune_data.train_batches(len(train_labels), train.batch_size, train.seed)
+        monitor = divergence.Monitor(train.spike_factor, train.spike_window)
         window, last, start = [], {}, time.perf_counter()
         for step in range(1, num_steps + 1):
             local = finetune_data.local_batch(train_encoded, train_labels, next(batches), rows)
@@ -360,11 +363,11 @@ def finetune(config, workdir: str) -> dict[str, float]:
                 continue
             host = jax.device_get(window)
             for offset, values in enumerate(host):
-                if not (math.isfinite(float(values["loss"])) and math.isfinite(float(values["grad_norm"]))
-                        and values["params_finite"] == 1.0):
-                    raise NonFiniteLossError(f"non-finite loss {values['loss']}, gradient norm or parameters at step "
-                                             f"{step - len(host) + 1 + offset}; lower optim.learning_rate or check "
-                                             "the data")
+                problem = monitor.problem({name: float(value) for name, value in values.items()})
+                if problem:
+                    raise divergence.DivergenceError(
+                        f"step {step - len(host) + 1 + offset} {problem}; stopped, nothing saved ({output_dir} holds "
+                        "what an earlier run saved, if any): lower --config.optim.learning_rate or check the data")
             scalars = {k: float(np.mean([values[k] for values in host]))
                        for k in ("loss", "accuracy", "grad_norm", "learning_rate")}
             scalars["examples_per_second"] = len(host) * train.batch_size / (time.perf_counter() - start)
@@ -375,12 +378,28 @@ def finetune(config, workdir: str) -> dict[str, float]:
             writer.write(step, scalars)
             last = dict(scalars, step=step)
             window, start = [], time.perf_counter()
+        # Saved only once their own loss, on the next training batch (without dropout), is known to be healthy.
+        _judge_final_params(monitor, eval_step, state.params, train_encoded, train_labels, next(batches), rows,
+                            batch_sharding, num_steps, output_dir)
         with ocp.StandardCheckpointer() as saver:
             saver.save(epath.Path(output_dir) / checkpoint_lib.STATE_ITEM, {"train_state": {"params": state.params}},
                        force=True)
     writer.close()
     logging.info("fine-tuned parameters saved to %s (classes in %s)", output_dir, LABELS_FILE)
     return last
+
+
+def _judge_final_params(monitor, eval_step, params, encoded, labels, indices, rows, batch_sharding, step: int,
+                        output_dir: str) -> None:
+    """Raises DivergenceError unless the parameters after the last step give a healthy loss on `indices`' batch."""
+    sums = jax.device_get(eval_step(params, sharding_lib.make_global_batch(
+        finetune_data.local_batch(encoded, labels, indices, rows), batch_sharding)))
+    loss = float(sums["loss_sum"]) / max(float(sums["count"]), 1.0)
+    problem = monitor.problem({"loss": loss})
+    if problem:
+        raise divergence.DivergenceError(
+            f"the parameters after step {step} {problem} on the next training batch; not saved ({output_dir} holds what an earlier run saved, if any): lower "
+            "--config.optim.learning_rate or check the data")
 
 
 def extract_features(config, workdir: str) -> str:

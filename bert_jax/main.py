@@ -15,6 +15,7 @@ import jax
 from ml_collections import config_flags
 
 from bert_jax import checkpoint
+from bert_jax import divergence
 from bert_jax import fileio
 from bert_jax import finetune
 from bert_jax import init_architecture
@@ -104,7 +105,7 @@ def _check_workdir(path: str) -> None:
 # User errors (a bad flag, field, file or path), a diverged run and a failed save (a full disk). The driver prints
 # the message alone (it names the flag, file or path and the fix); --verbosity=1 adds the traceback.
 USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError,
-               PermissionError, train.NonFiniteLossError, checkpoint.CheckpointSaveError)
+               PermissionError, divergence.DivergenceError, checkpoint.CheckpointSaveError)
 
 
 def _main_reporting_user_errors(argv):

@@ -8,11 +8,11 @@ checkpoint, --config.init or scratch, and runs the loop: log lines, evaluation, 
 import contextlib
 import dataclasses
 import functools
-import math
 import time
 from typing import Any, Iterator
 
 from absl import logging
+from etils import epath
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -20,6 +20,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from bert_jax import checkpoint as checkpoint_lib
+from bert_jax import divergence
 from bert_jax import fileio
 from bert_jax import metrics as metrics_lib
 from bert_jax import model as model_lib
@@ -27,7 +28,7 @@ from bert_jax import optim
 from bert_jax import init_architecture
 from bert_jax import pretrained
 from bert_jax import sharding as sharding_lib
-from bert_jax.train import (NonFiniteLossError, abstract_train_state, create_train_state, jit_eval_step,
+from bert_jax.train import (abstract_train_state, create_train_state, jit_eval_step,
                             jit_train_step, make_eval_step, make_train_step, validate_config)
 
 
@@ -120,23 +121,34 @@ def _checkpointer(run: _Run) -> checkpoint_lib.Checkpointer:
 def _start_state(run: _Run, checkpointer, train_batches):
     """The state, RNG and input to start from; see bert_jax/checkpoint.py for the order.
 
-    Returns (state, state_shardings, step_rng, train_batches).
+    Returns (state, state_shardings, step_rng, train_batches, health, position): `health` is the checkpoint's
+    record (bert_jax.divergence.Health), with a rewind that checkpoint.restore_step asks for added to its lineage;
+    `position` the input position the checkpoint holds (before any skip; 0 from scratch).
     """
-    data, train = run.config.data, run.config.train
+    data, train, ckpt = run.config.data, run.config.train, run.config.checkpoint
     init_rng, step_rng = jax.random.split(jax.random.key(train.seed))
     abstract, shardings, _ = abstract_train_state(run.model, run.tx, run.mesh, run.rules, data.max_seq_length,
                                                   data.max_predictions_per_seq)
     replicated = NamedSharding(run.mesh, PartitionSpec())
+    rewind = bool(ckpt.restore_step) and _rewind_on_request(checkpointer, ckpt.restore_step, ckpt.skip_batches)
     restored = checkpointer.restore_latest(abstract, shardings, replicated, train_batches)
     if restored is not None:
-        step, state, step_rng = restored
+        step, state, step_rng, record = restored
+        health = divergence.Health.from_json(record)
         if train_batches.position == 0 and step > 0:
             # The input position was not restored (another process count): a stream seeded by the step, so the
             # run goes on with data it has not just seen rather than replaying its first batches.
             train_batches = run.make_iterator(split="train", seed=train.seed + step)
+        position = train_batches.position
+        if rewind:
+            if step != ckpt.restore_step:
+                raise ValueError(f"--config.checkpoint.restore_step={ckpt.restore_step}: that checkpoint could not "
+                                 "be restored (set aside as corrupt, see the warning above); name another step")
+            _skip_batches(train_batches, ckpt.skip_batches, "--config.checkpoint.skip_batches")
+            health.rewinds.append({"step": step, "skip_batches": ckpt.skip_batches, "automatic": False})
         logging.info("resumed from %s at step %d (input position: batch %d)",
                      fileio.join(checkpointer.directory, str(step)), step, train_batches.position)
-        return state, shardings, step_rng, train_batches
+        return state, shardings, step_rng, train_batches, health, position
     state, shardings = create_train_state(run.model, run.tx, run.mesh, run.rules, init_rng, data.max_seq_length,
                                           data.max_predictions_per_seq)
     if run.config.init:
@@ -145,7 +157,45 @@ def _start_state(run: _Run, checkpointer, train_batches):
         logging.info("initialised parameters from %s (--config.init); optimizer and step start afresh", source)
     else:
         logging.info("no checkpoint in %s: starting from scratch (seed %d)", checkpointer.directory, train.seed)
-    return state, shardings, step_rng, train_batches
+    return state, shardings, step_rng, train_batches, divergence.Health(), 0
+
+
+def _rewind_on_request(checkpointer, step: int, skip_batches: int) -> bool:
+    """checkpoint.restore_step: sets aside the checkpoints newer than `step` (as STEP.rewound) so that the run
+    resumes from it; True. False when this run's lineage has already done so (the newest checkpoint records the
+    rewind): rerunning the same command after a preemption resumes from the newest checkpoint, skipping nothing."""
+    steps = checkpointer.all_steps()
+    for newest in reversed(steps):
+        try:
+            record = checkpointer.read_health(newest)
+        except Exception:  # pylint: disable=broad-except  # a damaged one: the restore below sets it aside
+            continue
+        if divergence.Health.from_json(record).has_rewind(step, skip_batches):
+            logging.info("--config.checkpoint.restore_step=%d (skip_batches=%d) is already in effect: checkpoint %d "
+                         "was written after that rewind; resuming from the newest checkpoint", step, skip_batches,
+                         newest)
+            return False
+        break
+    if step not in steps:
+        directory = epath.Path(checkpointer.directory)
+        aside = sorted(path.name for path in directory.glob(f"{step}.*")) if directory.exists() else []
+        raise ValueError(f"--config.checkpoint.restore_step={step}: {directory} has no checkpoint of step {step} "
+                         f"(it has steps {steps}" + (f"; set aside: {aside}, rename one back to {step} to use it"
+                                                      if aside else "") + ")")
+    for newer in (newer for newer in steps if newer > step):
+        target = checkpointer.set_aside(newer, "rewound")
+        logging.warning("--config.checkpoint.restore_step=%d: checkpoint %d moved aside to %s", step, newer, target)
+    return True
+
+
+def _skip_batches(batches, count: int, field: str) -> None:
+    """Advances the input by `count` batches (read and dropped): nothing else changes."""
+    for skipped in range(count):
+        if next(batches, None) is None:
+            raise ValueError(f"{field}={count}: the training input ended after {skipped} skipped batches")
+    if count:
+        logging.info("skipped %d batches of input (%s); the input position is now batch %d", count, field,
+                     batches.position)
 
 
 def _init_params(path: str, model_config: model_lib.BertConfig, abstract_params, params_shardings):
@@ -201,7 +251,8 @@ def train_and_evaluate(config, workdir: str) -> dict[str, float]:
     checkpointer = _checkpointer(run)
 
     with jax.set_mesh(run.mesh):
-        state, state_shardings, step_rng, train_batches = _start_state(run, checkpointer, train_batches)
+        state, state_shardings, step_rng, train_batches, health, position = _start_state(run, checkpointer,
+                                                                                          train_batches)
         # Steps after the one resumed from are logged again below: their records from an interrupted run go.
         writer = metrics_lib.MetricWriter(workdir, resume_step=int(state.step))
         num_params = sum(x.size for x in jax.tree.leaves(state.params))
@@ -216,76 +267,91 @@ def train_and_evaluate(config, workdir: str) -> dict[str, float]:
                             "--config.train.num_steps to train on)", int(state.step), train.num_steps)
         preemption = checkpoint_lib.PreemptionWatcher()
         profiler = _Profiler(workdir, train.profile_start_step, train.profile_steps)
-
-        window: list[dict[str, float]] = []  # host metrics of the steps since the last log line
-        timed_steps, window_start = 0, None
+        monitor = divergence.Monitor(train.spike_factor, train.spike_window, health)
+        checkpointer.protect(monitor.newest_verified(checkpointer.all_steps()))
+        # Checkpoints whose parameters the next step judges: the one resumed from and those saved by this process.
+        unjudged = {int(state.step)} if int(state.step) in checkpointer.all_steps() else set()
+        positions = {int(state.step): position}  # checkpoint step -> the input position it holds
+        fed = {}  # step -> the input position of its batch, for the steps not yet judged
         last_logged: dict[str, float] = {}
-        pending = None  # (step, device metrics) of the step before the one in flight
 
         def consume(step, device_metrics):
             host = {k: float(v) for k, v in jax.device_get(device_metrics).items()}
-            bad = [name for name, ok in (("loss", math.isfinite(host["loss"])),
-                                         ("gradient norm", math.isfinite(host["grad_norm"])),
-                                         ("parameters", host.pop("params_finite") == 1.0)) if not ok]
-            if bad:
-                checkpointer.wait()  # a save in flight completes: the last good checkpoint stays whole
-                last = checkpointer.latest_step()
-                how = (f"the last checkpoint, step {last} in {checkpointer.directory}, is intact: rerun to resume from "
-                       "it" if last is not None else "no checkpoint was saved before it: rerun to start again")
-                raise NonFiniteLossError(
-                    f"step {step} went non-finite ({', '.join(bad)}; loss {host['loss']:.6g}, gradient norm "
-                    f"{host['grad_norm']:.6g}); stopped without saving it. {how}, with a lower "
-                    "--config.optim.learning_rate (or stronger clipping, --config.optim.max_grad_norm), or skip the "
-                    "data that diverges")
+            problem = monitor.problem(host)
+            if problem:
+                raise _Diverged(step, problem, fed.get(step))
+            if step - 1 in unjudged:
+                unjudged.discard(step - 1)
+                monitor.verify(step - 1)
+                checkpointer.protect(step - 1)
+            del host["params_finite"]
             window.append(host)
 
         try:
-            for step in range(int(state.step) + 1, train.num_steps + 1):
-                profiler.before_step(step)
-                batch = sharding_lib.make_global_batch(next(train_batches), batch_sharding)
-                state, metrics = train_step(state, batch, step_rng)
-                checkpointer.check()  # a background save that failed stops the run now, not at the next save
-                profiler.after_step(step, metrics)
-                # Reading the previous step's metrics keeps one step in flight while still naming a bad step exactly.
-                if pending is not None:
-                    consume(*pending)
-                pending = (step, metrics)
-                if window_start is None:  # the first step includes compilation: time from its end
-                    consume(*pending)
-                    pending, window_start = None, time.perf_counter()
-                else:
-                    timed_steps += 1
-                stop = preemption.should_stop(step)
-                save = checkpointer.should_save(step) or step == train.num_steps or stop
-                scalars = None
-                if save or step % train.log_every == 0 or stop:
-                    if pending is not None:  # a state is saved only once its loss is known to be finite
-                        consume(*pending)
-                        pending = None
-                if step % train.log_every == 0 or step == train.num_steps or stop:
-                    steps_per_second = timed_steps / (time.perf_counter() - window_start) if timed_steps else 0.0
-                    scalars = {k: float(np.mean([m[k] for m in window])) for k in window[0]}
-                    if steps_per_second:
-                        scalars["sequences_per_second"] = steps_per_second * train.batch_size
-                        scalars["tokens_per_second"] = scalars["sequences_per_second"] * data.max_seq_length
-                        if peak:
-                            scalars["mfu"] = flops_per_step * steps_per_second / peak
-                    if data.eval_input_files and (step % train.eval_every == 0 or step == train.num_steps):
-                        eval_batches = run.make_iterator(split="eval", seed=train.seed)
-                        scalars.update(evaluate(eval_step, state.params, eval_batches, batch_sharding,
-                                                train.eval_steps))
-                    logging.info("%s", metrics_lib.log_line(step, train.num_steps, scalars, steps_per_second))
-                    writer.write(step, scalars)
-                    last_logged = dict(scalars, step=step)
-                    window, timed_steps, window_start = [], 0, time.perf_counter()
-                if save:
-                    checkpointer.save(step, state, step_rng, train_batches, metrics=scalars)  # logs how it saved
-                if stop:
-                    checkpointer.wait()
-                    logging.warning("SIGTERM received: saved a checkpoint at step %d in %s; stopping. Run the same "
-                                    "command again to resume.", step, checkpointer.directory)
-                    last_logged["preempted_at_step"] = step
+            while True:
+                window: list[dict[str, float]] = []  # host metrics of the steps since the last log line
+                timed_steps, window_start = 0, None
+                pending = None  # (step, device metrics) of the step before the one in flight
+                try:
+                    for step in range(int(state.step) + 1, train.num_steps + 1):
+                        profiler.before_step(step)
+                        fed[step] = train_batches.position
+                        fed.pop(step - 3, None)
+                        batch = sharding_lib.make_global_batch(next(train_batches), batch_sharding)
+                        state, metrics = train_step(state, batch, step_rng)
+                        checkpointer.check()  # a background save that failed stops the run now, not at the next save
+                        profiler.after_step(step, metrics)
+                        # Reading the previous step's metrics keeps one step in flight while still naming a bad step
+                        # exactly.
+                        if pending is not None:
+                            consume(*pending)
+                        pending = (step, metrics)
+                        if window_start is None:  # the first step includes compilation: time from its end
+                            consume(*pending)
+                            pending, window_start = None, time.perf_counter()
+                        else:
+                            timed_steps += 1
+                        stop = preemption.should_stop(step)
+                        save = checkpointer.should_save(step) or step == train.num_steps or stop
+                        scalars = None
+                        if save or step % train.log_every == 0 or stop:
+                            if pending is not None:  # a state is saved only once its loss is known to be healthy
+                                consume(*pending)
+                                pending = None
+                        if step % train.log_every == 0 or step == train.num_steps or stop:
+                            steps_per_second = timed_steps / (time.perf_counter() - window_start) if timed_steps else 0.0
+                            scalars = {k: float(np.mean([m[k] for m in window])) for k in window[0]}
+                            if steps_per_second:
+                                scalars["sequences_per_second"] = steps_per_second * train.batch_size
+                                scalars["tokens_per_second"] = scalars["sequences_per_second"] * data.max_seq_length
+                                if peak:
+                                    scalars["mfu"] = flops_per_step * steps_per_second / peak
+                            if data.eval_input_files and (step % train.eval_every == 0 or step == train.num_steps):
+                                eval_batches = run.make_iterator(split="eval", seed=train.seed)
+                                scalars.update(evaluate(eval_step, state.params, eval_batches, batch_sharding,
+                                                        train.eval_steps))
+                            logging.info("%s", metrics_lib.log_line(step, train.num_steps, scalars, steps_per_second))
+                            writer.write(step, scalars)
+                            last_logged = dict(scalars, step=step)
+                            window, timed_steps, window_start = [], 0, time.perf_counter()
+                        if save:
+                            checkpointer.save(step, state, step_rng, train_batches, metrics=scalars,
+                                              health=monitor.record(checkpointer.all_steps()))  # logs how it saved
+                            unjudged.add(step)
+                            positions[step] = train_batches.position
+                        if stop:
+                            checkpointer.wait()
+                            logging.warning("SIGTERM received: saved a checkpoint at step %d in %s; stopping. Run the "
+                                            "same command again to resume.", step, checkpointer.directory)
+                            last_logged["preempted_at_step"] = step
+                            break
                     break
+                except _Diverged as diverged:
+                    state, step_rng, train_batches, monitor = _rewind_after(diverged, run, checkpointer, monitor,
+                                                                            state_shardings, train_batches, positions)
+                    unjudged = {int(state.step)}
+                    writer.close()  # its records after the step rewound to go
+                    writer = metrics_lib.MetricWriter(workdir, resume_step=int(state.step))
         except BaseException:
             with contextlib.suppress(Exception):  # a save in flight completes before the error is raised
                 checkpointer.close()
@@ -295,6 +361,91 @@ def train_and_evaluate(config, workdir: str) -> dict[str, float]:
         checkpointer.close()
     writer.close()
     return last_logged
+
+
+class _Diverged(Exception):
+    """Raised inside the loop at the first step that diverged; the loop rewinds or stops (_rewind_after)."""
+
+    def __init__(self, step: int, problem: str, position: int | None):
+        super().__init__(f"step {step} {problem}")
+        self.step, self.problem = step, problem
+        self.position = position  # the input position of the batch the step was fed
+
+    def skip_from(self, step: int, position: int | None) -> int:
+        """Batches to skip after restoring checkpoint `step` (holding input `position`) to be past this one's."""
+        if position is None or self.position is None:
+            return self.step - step  # one batch per step since that checkpoint
+        return self.position + 1 - position
+
+
+def _rewind_after(diverged: _Diverged, run: _Run, checkpointer, monitor, state_shardings, train_batches,
+                  positions: dict[int, int]):
+    """After step S diverged: checkpoint S-1, whose parameters S started from, is set aside as diverged; then,
+    while checkpoint.max_rewinds allows, the newest verified checkpoint is restored and
+    checkpoint.rewind_skip_batches of input skipped (returns (state, rng, input, monitor) to go on from); otherwise
+    DivergenceError names the checkpoint to resume from."""
+    ckpt = run.config.checkpoint
+    checkpointer.wait()  # a save in flight completes: the checkpoints left stay whole
+    existing = checkpointer.all_steps()
+    aside = ""
+    if diverged.step - 1 in existing and diverged.step - 1 not in monitor.health.verified:
+        target = checkpointer.set_aside(diverged.step - 1, "diverged")
+        aside = (f" Checkpoint {diverged.step - 1}, whose parameters that step started from, is set aside as "
+                 f"{target}.")
+        existing = checkpointer.all_steps()
+    verified = monitor.newest_verified(existing)
+    rewinds = monitor.health.automatic_rewinds()
+    if verified is not None and rewinds < ckpt.max_rewinds:
+        logging.warning("%s; stopped without saving it.%s Rewinding to checkpoint %d, the newest verified one, and "
+                        "skipping the input through the batch that diverged, plus checkpoint.rewind_skip_batches=%d "
+                        "(automatic rewind %d of checkpoint.max_rewinds=%d)", diverged, aside, verified,
+                        ckpt.rewind_skip_batches, rewinds + 1, ckpt.max_rewinds)
+        for newer in (newer for newer in existing if newer > verified):  # never judged: a restart must not use them
+            checkpointer.set_aside(newer, "rewound")
+        step, state, rng, record = _restore_verified(run, checkpointer, state_shardings, train_batches)
+        positions[step] = train_batches.position
+        # Past the batch that diverged: from the same parameters, with the same dropout, it would diverge again.
+        skip = diverged.skip_from(step, positions[step]) + ckpt.rewind_skip_batches
+        health = divergence.Health.from_json(record)
+        # The lineage this process knows (which may hold rewinds since that checkpoint was saved), plus this one.
+        health.rewinds = [*monitor.health.rewinds, {"step": step, "skip_batches": skip, "automatic": True}]
+        health.verified = sorted({*health.verified, *(s for s in monitor.health.verified if s <= step), step})
+        _skip_batches(train_batches, skip, "--config.checkpoint.rewind_skip_batches")
+        logging.info("resumed from %s at step %d (input position: batch %d)",
+                     fileio.join(checkpointer.directory, str(step)), step, train_batches.position)
+        return state, rng, train_batches, divergence.Monitor(monitor.spike_factor, monitor.spike_window, health)
+    past = "--config.checkpoint.restore_step=STEP --config.checkpoint.skip_batches=K"
+    if verified is not None:
+        past = (f"--config.checkpoint.restore_step={verified} --config.checkpoint.skip_batches="
+                f"{diverged.skip_from(verified, positions.get(verified))}")
+    fix = "with a lower --config.optim.learning_rate (or stronger clipping, --config.optim.max_grad_norm)"
+    if existing:
+        fix += f", or past the data that diverged ({past}; or automatically: --config.checkpoint.max_rewinds=N)"
+    if verified is not None:
+        how = (f"The newest checkpoint whose parameters gave a healthy next step is step {verified} in "
+               f"{checkpointer.directory}: rerun to resume from it" if verified == existing[-1] else
+               f"The newest checkpoint whose parameters gave a healthy next step is step {verified} in "
+               f"{checkpointer.directory}: rerun with --config.checkpoint.restore_step={verified} to resume from it")
+    elif existing:
+        how = (f"No checkpoint left was verified by a healthy next step; the newest is step {existing[-1]} in "
+               f"{checkpointer.directory}: rerun to resume from it")
+    else:
+        how = "No checkpoint is left to resume from: rerun to start again"
+    if verified is not None and ckpt.max_rewinds:
+        how = f"checkpoint.max_rewinds={ckpt.max_rewinds} automatic rewinds are used up. " + how
+    raise divergence.DivergenceError(f"{diverged}; stopped without saving it.{aside} {how}, {fix}")
+
+
+def _restore_verified(run: _Run, checkpointer, state_shardings, train_batches):
+    data = run.config.data
+    abstract, _, _ = abstract_train_state(run.model, run.tx, run.mesh, run.rules, data.max_seq_length,
+                                          data.max_predictions_per_seq)
+    replicated = NamedSharding(run.mesh, PartitionSpec())
+    restored = checkpointer.restore_latest(abstract, state_shardings, replicated, train_batches)
+    if restored is None:
+        raise divergence.DivergenceError(f"no checkpoint in {checkpointer.directory} could be restored to rewind to "
+                                         "(see the warnings above): rerun to start again")
+    return restored
 
 
 def evaluate_checkpoint(config, workdir: str, checkpoint: str = "") -> dict[str, float]:

@@ -17,6 +17,7 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
+from bert_jax import divergence
 from bert_jax import model as model_lib
 from bert_jax import optim
 from bert_jax import sharding as sharding_lib
@@ -28,10 +29,6 @@ class TrainState:
     step: jax.Array
     params: Any
     opt_state: Any
-
-
-class NonFiniteLossError(RuntimeError):
-    """Raised when a training step produced a NaN or infinite loss, gradient norm or parameter."""
 
 
 PRETRAINING_MODES = ("train", "eval", "export")
@@ -79,6 +76,14 @@ def validate_config(config, num_devices: int, process_count: int = 1, mode: str 
                          "end and on SIGTERM)")
     if ckpt.max_to_keep <= 0:
         raise ValueError(f"--config.checkpoint.max_to_keep={ckpt.max_to_keep}: must be positive")
+    divergence.validate_config(train)
+    for field in ("restore_step", "skip_batches", "max_rewinds", "rewind_skip_batches"):
+        if ckpt[field] < 0:
+            raise ValueError(f"--config.checkpoint.{field}={ckpt[field]}: must be >= 0")
+    if ckpt.skip_batches and not ckpt.restore_step:
+        raise ValueError(f"--config.checkpoint.skip_batches={ckpt.skip_batches} needs --config.checkpoint."
+                         "restore_step=STEP, the checkpoint the skip starts from (so that rerunning the same command "
+                         "after a preemption does not skip again)")
     data = config.data
     # Held-out data: its files, or the workdir's held-out documents (data=corpus, made before the run).
     held_out_every = data.get("eval_every_nth_document", 0)

@@ -107,6 +107,10 @@ def get_config(arg=None):
     train.log_every = 50  # steps between log lines and TensorBoard points
     train.eval_every = 0  # steps between evaluations (and always at the end); 0 = only at the end
     train.seed = 0  # seeds the classifier initialisation, dropout and the example order
+    # Divergence, as in configs/pretrain.py. Spikes are off: a classifier's loss nears zero, where a ratio to the
+    # median is noise (one hard batch is many times a near-zero median); non-finite values always stop the run.
+    train.spike_factor = 0.0
+    train.spike_window = 100  # steps of loss history a spike is judged against (with spike_factor > 0)
 
     # Parameters to start from: a bert_jax pretraining checkpoint (step directory or checkpoints directory), a
     # fine-tuned WORKDIR/finetuned directory, or a HuggingFace / original-TF BERT checkpoint (via bert_jax.pretrained).

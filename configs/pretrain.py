@@ -170,6 +170,11 @@ def get_config(arg=None):
     train.peak_flops_per_device = 0.0  # for MFU; 0 means look the device kind up (unknown kinds print no MFU)
     train.profile_start_step = 0  # capture a profiler trace from this step into WORKDIR/profile; 0 = no trace
     train.profile_steps = 5  # steps in the profiler trace
+    # A step diverges when its loss, gradient norm or parameters are not finite, or when its loss spikes: above
+    # spike_factor times the median of the previous spike_window healthy losses (judged once that many are known).
+    # 2x is far outside a healthy run's step-to-step noise (README, "What a checkpoint guarantees"). 0 = NaN/inf only.
+    train.spike_factor = 2.0
+    train.spike_window = 100  # steps of loss history a spike is judged against
 
     # Checkpoints go to WORKDIR/checkpoints; a run started in a workdir that has some resumes from the latest.
     config.checkpoint = ckpt = ml_collections.ConfigDict()
@@ -178,6 +183,15 @@ def get_config(arg=None):
     ckpt.keep_best = False  # also keep the checkpoint with the lowest eval loss (needs evaluation data)
     ckpt.async_save = True  # write in the background; the loop waits only for the copy to host memory
     ckpt.compression = False  # zstd the arrays: float weights shrink ~8%, and the save takes ~2x as long on CPU hosts
+    # Rewind: resume from this step's checkpoint rather than the newest (newer ones are moved aside to STEP.rewound,
+    # once: a rerun of the same command resumes from the newest checkpoint written after the rewind). 0 = the newest.
+    ckpt.restore_step = 0
+    ckpt.skip_batches = 0  # with restore_step: batches of input skipped after resuming from it (once, like the rewind)
+    # On divergence, automatically: restore the newest verified checkpoint, skip the input up to and including the
+    # batch that diverged plus rewind_skip_batches more, and go on; at most max_rewinds times in the run's lineage
+    # (each logged, and recorded in the checkpoints). 0 = stop with an error naming the checkpoint to resume from.
+    ckpt.max_rewinds = 0
+    ckpt.rewind_skip_batches = 0
     # Parameters to start from when the workdir has no checkpoint (optimizer, step and data start afresh): a step
     # directory or checkpoints directory of another run, a HuggingFace model directory, an original TF checkpoint or
     # a Flax export. Its architecture is taken (see model_preset), and its tokenizer when data.vocab_file is empty;

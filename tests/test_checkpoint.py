@@ -81,7 +81,7 @@ def test_restore_onto_other_meshes(tmp_path):
                                                               max_predictions_per_seq=5, vocab_size=512, seed=0)
             checkpointer = checkpoint_lib.Checkpointer(str(tmp_path / "ckpt"), every_steps=1, max_to_keep=2)
             replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-            step, restored, rng = checkpointer.restore_latest(abstract, shardings, replicated, fresh_iterator)
+            step, restored, rng, _ = checkpointer.restore_latest(abstract, shardings, replicated, fresh_iterator)
             checkpointer.close()
         assert step == 7 and int(restored.step) == 7 and fresh_iterator.position == 1
         np.testing.assert_array_equal(jax.random.key_data(rng), jax.random.key_data(jax.random.key(42)))
@@ -176,7 +176,7 @@ def test_checkpoints_with_changed_or_non_finite_values_are_set_aside_and_never_s
     abstract = {"weights": jax.ShapeDtypeStruct((16,), np.float32)}
     with caplog.at_level(logging.INFO, logger="absl"):
         checkpointer = checkpoint_lib.Checkpointer(str(directory), every_steps=1, max_to_keep=5)
-        step, restored, _ = checkpointer.restore_latest(abstract, {"weights": sharded}, replicated, iterator)
+        step, restored, _, _ = checkpointer.restore_latest(abstract, {"weights": sharded}, replicated, iterator)
         checkpointer.close()
     assert step == 1
     np.testing.assert_array_equal(jax.device_get(restored["weights"]), weights)
@@ -219,7 +219,7 @@ def test_saves_say_how_they_saved_and_a_restore_warns_of_nothing(tmp_path, caplo
     abstract = {"weights": jax.ShapeDtypeStruct((16,), np.float32)}
     with caplog.at_level(logging.INFO, logger="absl"):
         checkpointer = checkpoint_lib.Checkpointer(directory, every_steps=1, max_to_keep=2)
-        step, restored, rng = checkpointer.restore_latest(abstract, {"weights": sharded}, replicated, fresh)
+        step, restored, rng, _ = checkpointer.restore_latest(abstract, {"weights": sharded}, replicated, fresh)
         checkpointer.close()
         # What --config.init and fine-tuning read to check a checkpoint's shapes before restoring it.
         metadata = checkpoint_lib.state_metadata(directory)

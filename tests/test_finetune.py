@@ -1,6 +1,7 @@
 """Fine-tuning and feature extraction: a learnable task, exact loading of pretrained encoders, features in order,
 mask-aware pooling, and errors that name the problem."""
 
+import copy
 import csv
 import dataclasses
 import json
@@ -16,6 +17,7 @@ import numpy as np
 import pytest
 
 from bert_jax import checkpoint as checkpoint_lib
+from bert_jax import divergence
 from bert_jax import export
 from bert_jax import finetune
 from bert_jax import model as model_lib
@@ -110,6 +112,28 @@ def test_finetuning_learns_a_keyword_task_sharded_over_a_2x2x2_mesh(task, tmp_pa
         params, _ = checkpoint_lib.restore_params(saved, sharding_lib.unbox(boxed), shardings)
     assert np.asarray(params["classifier"]["kernel"]).shape == (128, 2)
     assert np.abs(np.asarray(params["classifier"]["bias"])).max() > 0  # trained, not the zero initialisation
+
+
+def test_parameters_whose_own_loss_is_not_finite_are_never_saved(task, tmp_path):
+    """One step at a huge rate leaves finite parameters that give a NaN loss: they are judged on the next training
+    batch and not saved, and what an earlier run saved in the workdir stays as it was."""
+    config = _config(task, dropout_rate=0.0, attention_dropout_rate=0.0)
+    config.data.eval_file = ""
+    config.train.num_steps = 1
+    workdir = str(tmp_path / "work")
+    finetune.finetune(copy.deepcopy(config), workdir)
+    state = os.path.join(workdir, finetune.FINETUNED_SUBDIR, checkpoint_lib.STATE_ITEM)
+
+    def contents():
+        return {os.path.relpath(os.path.join(root, name), state): open(os.path.join(root, name), "rb").read()
+                for root, _, names in os.walk(state) for name in names}
+
+    before = contents()
+    config.optim.learning_rate, config.optim.warmup_proportion = 1e30, 0.0
+    with pytest.raises(divergence.DivergenceError, match=r"^the parameters after step 1 went non-finite \(loss; "
+                                                         r"loss nan\) on the next training batch; not saved"):
+        finetune.finetune(config, workdir)
+    assert contents() == before
 
 
 def test_downstream_models_share_the_pretraining_parameter_tree_and_outputs():

@@ -100,7 +100,7 @@ def measure(size: str, directory: str, time_step: bool) -> dict[str, float]:
                 checkpointer = checkpoint_lib.Checkpointer(subdirectory, every_steps=1, max_to_keep=1,
                                                            checksums=checksums)
                 start = time.perf_counter()
-                _, restored, _ = checkpointer.restore_latest(abstract, abstract_shardings, replicated, batches)
+                _, restored, _, _ = checkpointer.restore_latest(abstract, abstract_shardings, replicated, batches)
                 jax.block_until_ready(restored)
                 restore[checksums].append(time.perf_counter() - start)
                 checkpointer.close()

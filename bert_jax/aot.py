@@ -245,7 +245,7 @@ def compile_train_step(config, topology: str, num_slices: int = 1):
     # its init key eagerly) fails, as there is nothing to run it on.
     abstract_state, state_shardings, _ = train.abstract_train_state(model, tx, mesh, rules, data.max_seq_length,
                                                                     data.max_predictions_per_seq)
-    key = jax.eval_shape(lambda: jax.random.key(0))
+    key = jax.eval_shape(lambda: train.dropout_key(0, config.train.dropout_rng, "tpu"))
     batch_sharding = sharding_lib.batch_sharding(mesh, rules)
     replicated = NamedSharding(mesh, PartitionSpec())
     batch = _abstract_batch(config)
@@ -391,6 +391,9 @@ def _define_flags() -> None:
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    # Before libtpu loads (the first topology): the option the config's dropout RNG needs, as the driver sets it.
+    os.environ["LIBTPU_INIT_ARGS"] = train.with_libtpu_options(os.environ.get("LIBTPU_INIT_ARGS", ""),
+                                                               FLAGS.config.train.dropout_rng)
     if FLAGS.plan:
         return _plan()
     reports = []

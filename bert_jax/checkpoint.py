@@ -173,6 +173,11 @@ def summarize(tree) -> tuple[dict[str, int], list[str]]:
     return checksums, non_finite
 
 
+def _key_data_shape(impl) -> tuple:
+    """The shape of a key's raw data under PRNG implementation `impl` (None: the default): (2,) or (4,)."""
+    return tuple(jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0, impl=impl))).shape)
+
+
 def _abstract(tree, shardings):
     return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
 
@@ -307,15 +312,20 @@ class Checkpointer:
             raise CheckpointMismatchError(f"checkpoint {where} does not fit this config: it lacks {missing[:3]} "
                                           f"and has {extra[:3]} that this config does not (a different optimizer "
                                           f"or model?); {fix}")
+        if saved.get("rng") != wanted.get("rng"):
+            raise CheckpointMismatchError(f"checkpoint {where} does not fit this config: its dropout key has shape "
+                                          f"{saved.get('rng')} where this config's train.dropout_rng has "
+                                          f"{wanted.get('rng')}; resume with the train.dropout_rng it was written "
+                                          "with (threefry keys have 2 words, rbg and unsafe_rbg keys 4)")
         for name, shape in wanted.items():
             if saved[name] != shape:
                 raise CheckpointMismatchError(f"checkpoint {where} does not fit this config: {name} has shape "
                                               f"{saved[name]} there but {shape} here (check --config.model.*); "
                                               f"{fix}")
 
-    def _restore_step(self, step: int, abstract_state, state_shardings, rng_sharding, data_iterator):
+    def _restore_step(self, step: int, abstract_state, state_shardings, rng_sharding, data_iterator, rng_impl):
         target = {"train_state": _abstract(abstract_state, state_shardings),
-                  "rng": jax.ShapeDtypeStruct((2,), np.uint32, sharding=rng_sharding)}
+                  "rng": jax.ShapeDtypeStruct(_key_data_shape(rng_impl), np.uint32, sharding=rng_sharding)}
         items = {STATE_ITEM: ocp.args.PyTreeRestore(
             item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target))}
         if data_iterator is not None:
@@ -330,7 +340,7 @@ class Checkpointer:
         state = restored[STATE_ITEM]
         if self.checksums:
             self._verify(step, state, restored[INTEGRITY_ITEM]["checksums"] if recorded else None)
-        return (state["train_state"], jax.random.wrap_key_data(state["rng"]),
+        return (state["train_state"], jax.random.wrap_key_data(state["rng"], impl=rng_impl),
                 restored[HEALTH_ITEM] if has_health else None)
 
     def read_health(self, step: int) -> dict | None:
@@ -357,19 +367,21 @@ class Checkpointer:
             raise CorruptCheckpointError(f"{len(changed)} array(s) read back with other values than were saved "
                                          f"(checksum mismatch), e.g. {changed[:3]}")
 
-    def restore_latest(self, abstract_state, state_shardings, rng_sharding, data_iterator):
+    def restore_latest(self, abstract_state, state_shardings, rng_sharding, data_iterator, rng_impl=None):
         """(step, state, rng, health record or None) of the newest checkpoint that restores, or None. A corrupt one
         (unreadable, partial, failing its checksums, or holding non-finite values) is moved aside and the one before
-        is tried."""
+        is tried. `rng_impl`: the PRNG implementation of the saved dropout key (None: JAX's default)."""
         for step in sorted(self.manager.all_steps(), reverse=True):
             try:
-                self._check_fits(step, {"train_state": abstract_state, "rng": jax.ShapeDtypeStruct((2,), np.uint32)})
+                self._check_fits(step, {"train_state": abstract_state,
+                                        "rng": jax.ShapeDtypeStruct(_key_data_shape(rng_impl), np.uint32)})
                 try:
-                    result = self._restore_step(step, abstract_state, state_shardings, rng_sharding, data_iterator)
+                    result = self._restore_step(step, abstract_state, state_shardings, rng_sharding, data_iterator,
+                                                rng_impl)
                 except ProcessCountChangedError as changed:
                     # Parameters and optimizer state are fine; only the input position cannot be carried over.
                     logging.warning("%s; the input pipeline starts a new stream (seed train.seed + step)", changed)
-                    result = self._restore_step(step, abstract_state, state_shardings, rng_sharding, None)
+                    result = self._restore_step(step, abstract_state, state_shardings, rng_sharding, None, rng_impl)
                 error = None
             except CheckpointMismatchError:
                 raise

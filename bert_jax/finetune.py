@@ -48,7 +48,7 @@ from bert_jax import init_architecture
 from bert_jax import pretrained
 from bert_jax import sharding as sharding_lib
 from bert_jax.data import tokenization
-from bert_jax.train import TrainState, apply_gradients, jit_train_step
+from bert_jax.train import TrainState, apply_gradients, dropout_key, jit_train_step, validate_dropout_rng
 
 POOLINGS = ("cls", "mean", "last4")
 MODES = ("finetune", "features")
@@ -92,6 +92,7 @@ def validate_config(config, num_devices: int, process_count: int = 1, mode: str 
     if train.eval_every < 0:
         fail("train.eval_every", "must be >= 0 (0: evaluate only at the end)")
     divergence.validate_config(train)
+    validate_dropout_rng(train.dropout_rng)
     if data.format not in finetune_data.FORMATS:
         fail("data.format", f"choose one of {finetune_data.FORMATS}")
     columns = finetune_data.split_names(data.text_columns)
@@ -335,7 +336,8 @@ def finetune(config, workdir: str) -> dict[str, float]:
         _write_json(fileio.join(output_dir, init_architecture.RUN_MODEL_CONFIG), dataclasses.asdict(source.model_config))
         tokenizer.save(output_dir)  # so that --config.init=WORKDIR/finetuned finds its vocabulary
 
-    init_rng, dropout_rng = jax.random.split(jax.random.key(train.seed))
+    init_rng = jax.random.split(jax.random.key(train.seed))[0]
+    dropout_rng = dropout_key(train.seed, train.dropout_rng, jax.devices()[0].platform)
     with jax.set_mesh(mesh):
         params, param_shardings = load_params(config, model, source, mesh, rules, init_rng)
         boxed, _, _ = _abstract_params(model, mesh, rules, data.max_seq_length)

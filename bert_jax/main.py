@@ -53,6 +53,9 @@ def main(argv):
         raise ValueError(f"unexpected arguments {argv[1:]}: every setting is a --flag or a --config.FIELD=VALUE")
     logging.get_absl_handler().addFilter(checkpoint.QUIET_LOGS)
     _check_workdir(FLAGS.workdir)
+    # libtpu reads LIBTPU_INIT_ARGS when JAX starts its TPU backend (below): what the config's dropout RNG needs.
+    os.environ["LIBTPU_INIT_ARGS"] = train.with_libtpu_options(os.environ.get("LIBTPU_INIT_ARGS", ""),
+                                                               FLAGS.config.train.dropout_rng)
     sharding.initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id,
                                     FLAGS.heartbeat_timeout_s)
     mode, downstream = FLAGS.mode, FLAGS.mode in ("finetune", "features")

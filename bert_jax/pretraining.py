@@ -28,7 +28,7 @@ from bert_jax import optim
 from bert_jax import init_architecture
 from bert_jax import pretrained
 from bert_jax import sharding as sharding_lib
-from bert_jax.train import (abstract_train_state, create_train_state, jit_eval_step,
+from bert_jax.train import (abstract_train_state, dropout_key, create_train_state, jit_eval_step,
                             jit_train_step, make_eval_step, make_train_step, validate_config)
 
 
@@ -126,12 +126,14 @@ def _start_state(run: _Run, checkpointer, train_batches):
     `position` the input position the checkpoint holds (before any skip; 0 from scratch).
     """
     data, train, ckpt = run.config.data, run.config.train, run.config.checkpoint
-    init_rng, step_rng = jax.random.split(jax.random.key(train.seed))
+    init_rng = jax.random.split(jax.random.key(train.seed))[0]
+    step_rng = dropout_key(train.seed, train.dropout_rng, jax.devices()[0].platform)
     abstract, shardings, _ = abstract_train_state(run.model, run.tx, run.mesh, run.rules, data.max_seq_length,
                                                   data.max_predictions_per_seq)
     replicated = NamedSharding(run.mesh, PartitionSpec())
     rewind = bool(ckpt.restore_step) and _rewind_on_request(checkpointer, ckpt.restore_step, ckpt.skip_batches)
-    restored = checkpointer.restore_latest(abstract, shardings, replicated, train_batches)
+    restored = checkpointer.restore_latest(abstract, shardings, replicated, train_batches,
+                                           rng_impl=jax.random.key_impl(step_rng))
     if restored is not None:
         step, state, step_rng, record = restored
         health = divergence.Health.from_json(record)
@@ -441,7 +443,8 @@ def _restore_verified(run: _Run, checkpointer, state_shardings, train_batches):
     abstract, _, _ = abstract_train_state(run.model, run.tx, run.mesh, run.rules, data.max_seq_length,
                                           data.max_predictions_per_seq)
     replicated = NamedSharding(run.mesh, PartitionSpec())
-    restored = checkpointer.restore_latest(abstract, state_shardings, replicated, train_batches)
+    rng_impl = jax.random.key_impl(dropout_key(0, run.config.train.dropout_rng, jax.devices()[0].platform))
+    restored = checkpointer.restore_latest(abstract, state_shardings, replicated, train_batches, rng_impl=rng_impl)
     if restored is None:
         raise divergence.DivergenceError(f"no checkpoint in {checkpointer.directory} could be restored to rewind to "
                                          "(see the warnings above): rerun to start again")

@@ -31,6 +31,44 @@ class TrainState:
     opt_state: Any
 
 
+# train.dropout_rng: the PRNG implementation of the key dropout draws from. threefry keeps the masks independent of
+# the mesh (what the sharding parity tests compare); rbg / unsafe_rbg draw with XLA's RngBitGenerator (unsafe_rbg
+# also splits with it), which XLA:TPU partitions without replicating the bits when the driver sets
+# --xla_tpu_spmd_rng_bit_generator_unsafe=true for unsafe_rbg (then the masks depend on the mesh).
+DROPOUT_RNG_IMPLS = {"threefry": "threefry2x32", "rbg": "rbg", "unsafe_rbg": "unsafe_rbg"}
+# What train.dropout_rng=auto means on each platform (README, "Dropout randomness", has the figures).
+AUTO_DROPOUT_RNG = {"tpu": "threefry", "gpu": "threefry", "cpu": "threefry"}
+
+
+def dropout_rng_name(choice: str, platform: str) -> str:
+    """The dropout RNG `choice` (train.dropout_rng) means on `platform` ("auto" resolved)."""
+    return AUTO_DROPOUT_RNG.get(platform, "threefry") if choice == "auto" else choice
+
+
+def dropout_key(seed: int, choice: str, platform: str) -> jax.Array:
+    """The run's dropout key. threefry: the second half of split(key(seed)), the first seeding initialisation."""
+    name = dropout_rng_name(choice, platform)
+    if name == "threefry":
+        return jax.random.split(jax.random.key(seed))[1]
+    return jax.random.key(seed, impl=DROPOUT_RNG_IMPLS[name])
+
+
+# Set in LIBTPU_INIT_ARGS by the driver and bert_jax.aot before JAX starts its TPU backend, for unsafe_rbg dropout:
+# XLA:TPU then partitions RngBitGenerator without replicating its bits (each device draws its own shard's), the point
+# of unsafe_rbg (levanter #226 found it slower without) and why its masks depend on the mesh.
+UNSAFE_RBG_LIBTPU_OPTION = ("xla_tpu_spmd_rng_bit_generator_unsafe", "true")
+
+
+def with_libtpu_options(libtpu_args: str, dropout_rng: str) -> str:
+    """`libtpu_args` plus the option dropout_rng=unsafe_rbg needs on a TPU, unless it is named there already."""
+    if dropout_rng_name(dropout_rng, "tpu") != "unsafe_rbg":
+        return libtpu_args
+    name, value = UNSAFE_RBG_LIBTPU_OPTION
+    if any(word.lstrip("-").split("=", 1)[0] == name for word in libtpu_args.split()):
+        return libtpu_args
+    return " ".join([*libtpu_args.split(), f"--{name}={value}"])
+
+
 PRETRAINING_MODES = ("train", "eval", "export")
 
 
@@ -77,6 +115,7 @@ def validate_config(config, num_devices: int, process_count: int = 1, mode: str 
     if ckpt.max_to_keep <= 0:
         raise ValueError(f"--config.checkpoint.max_to_keep={ckpt.max_to_keep}: must be positive")
     divergence.validate_config(train)
+    validate_dropout_rng(train.dropout_rng)
     for field in ("restore_step", "skip_batches", "max_rewinds", "rewind_skip_batches"):
         if ckpt[field] < 0:
             raise ValueError(f"--config.checkpoint.{field}={ckpt[field]}: must be >= 0")
@@ -118,6 +157,11 @@ def validate_config(config, num_devices: int, process_count: int = 1, mode: str 
     if mode == "train" and data.source == "tfrecord" and not data.input_files:
         raise ValueError("--config.data.source=tfrecord needs --config.data.input_files=GLOB[,GLOB...]")
     packing.validate_config(data)
+
+
+def validate_dropout_rng(choice: str) -> None:
+    if choice != "auto" and choice not in DROPOUT_RNG_IMPLS:
+        raise ValueError(f"--config.train.dropout_rng={choice!r}: choose auto or one of {list(DROPOUT_RNG_IMPLS)}")
 
 
 def pretraining_loss(outputs, batch, mlm_denominator, nsp_denominator):

@@ -107,6 +107,7 @@ def get_config(arg=None):
     train.log_every = 50  # steps between log lines and TensorBoard points
     train.eval_every = 0  # steps between evaluations (and always at the end); 0 = only at the end
     train.seed = 0  # seeds the classifier initialisation, dropout and the example order
+    train.dropout_rng = "auto"  # dropout's random bits, as in configs/pretrain.py
     # Divergence, as in configs/pretrain.py. Spikes are off: a classifier's loss nears zero, where a ratio to the
     # median is noise (one hard batch is many times a near-zero median); non-finite values always stop the run.
     train.spike_factor = 0.0

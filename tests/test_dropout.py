@@ -6,13 +6,21 @@ falls outside with probability about 2e-9, so the tests cannot flake, while a wr
 it should be fresh) shows at these sample sizes.
 """
 
+import copy
+import json
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
+from bert_jax import checkpoint as checkpoint_lib
 from bert_jax import model as model_lib
+from bert_jax import pretraining
+from bert_jax import train
+from tests import helpers
 
 
 def _assert_dropout_statistics(inputs, outputs, rate):
@@ -83,3 +91,48 @@ def test_dropout_mask_is_the_same_under_any_sharding():
         mask = jax.jit(dropped, out_shardings=NamedSharding(mesh, spec))(jax.random.key(7))
         assert mask.sharding.spec == spec
         np.testing.assert_array_equal(np.asarray(mask), expected)
+
+
+@pytest.mark.parametrize("choice", ["rbg", "unsafe_rbg"])
+def test_rbg_dropout_keys_drop_their_rate(choice):
+    key = train.dropout_key(0, choice, "cpu")
+    assert str(jax.random.key_impl(key)) == train.DROPOUT_RNG_IMPLS[choice]
+    inputs = jnp.ones((64, 1024), jnp.float32)
+    outputs = nn.Dropout(rate=0.1).apply({}, inputs, deterministic=False, rngs={"dropout": jax.random.fold_in(key, 7)})
+    _assert_dropout_statistics(inputs, outputs, 0.1)
+
+
+def test_an_unsafe_rbg_run_resumes_bit_for_bit_and_only_with_its_kind_of_key(tmp_path):
+    """A run resumed from its checkpoint (the 4-word key saved and read back) gives the uninterrupted run's losses;
+    a threefry config is refused that checkpoint, naming train.dropout_rng."""
+    config = helpers.tiny_config((-1, 1, 1), dropout=True, num_steps=4, log_every=1)
+    config.model.num_layers = 1
+    config.train.dropout_rng = "unsafe_rbg"
+    config.checkpoint.every_steps = 2
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    pretraining.train_and_evaluate(copy.deepcopy(config), str(whole))
+    first = copy.deepcopy(config)
+    first.train.num_steps = 2
+    pretraining.train_and_evaluate(first, str(resumed))
+    pretraining.train_and_evaluate(copy.deepcopy(config), str(resumed))
+    losses = [[json.loads(line)["loss"] for line in open(run / "metrics.jsonl", encoding="utf-8")][-2:]
+              for run in (whole, resumed)]
+    assert losses[0] == losses[1]
+    threefry = copy.deepcopy(config)
+    threefry.train.dropout_rng = "threefry"
+    threefry.train.num_steps = 6
+    with pytest.raises(checkpoint_lib.CheckpointMismatchError, match=r"its dropout key has shape \(4,\) where this "
+                                                                       r"config's train.dropout_rng has \(2,\)"):
+        pretraining.train_and_evaluate(threefry, str(resumed))
+
+
+def test_the_driver_sets_the_libtpu_option_unsafe_rbg_needs_and_no_other():
+    option = "--xla_tpu_spmd_rng_bit_generator_unsafe=true"
+    assert train.with_libtpu_options("", "unsafe_rbg") == option
+    assert train.with_libtpu_options("--a=1", "unsafe_rbg") == f"--a=1 {option}"
+    assert train.with_libtpu_options("--xla_tpu_spmd_rng_bit_generator_unsafe=false", "unsafe_rbg") == \
+        "--xla_tpu_spmd_rng_bit_generator_unsafe=false"  # the user's own setting wins
+    for choice in ("threefry", "rbg"):
+        assert train.with_libtpu_options("--a=1", choice) == "--a=1"
+    with pytest.raises(ValueError, match=r"--config.train.dropout_rng='philox': choose auto or one of"):
+        train.validate_dropout_rng("philox")

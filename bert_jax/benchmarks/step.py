@@ -51,6 +51,8 @@ flags.DEFINE_integer("threads", 0, "CPU threads for both JAX and torch; 0 means 
 flags.DEFINE_enum("matmuls", "total", ["total", "shapes", "off"], "After the steps, time each distinct matmul of the "
                   "step alone (one device only) and print their total as a bound on the step ('shapes': also one "
                   "line per distinct matmul).")
+flags.DEFINE_enum("dropout_rng", "threefry", ["threefry", "rbg", "unsafe_rbg", "auto"], "The dropout key's PRNG "
+                  "(configs/pretrain.py train.dropout_rng; auto: bert_jax.train.AUTO_DROPOUT_RNG for this platform).")
 FLAGS = flags.FLAGS
 
 # The columns of the two tables, in order (the test checks the header against these).
@@ -167,7 +169,8 @@ def _memory_stats(compiled, device) -> dict[str, float]:
 
 def benchmark_step(size: str, seq_length: int, batch_size: int, max_predictions: int, dtype: str, steps: int,
                    warmup: int, devices=None, matmuls: bool = False,
-                   matmul_flops_per_s: float = matmul_bound_lib.DEFAULT_FLOPS_PER_S) -> dict:
+                   matmul_flops_per_s: float = matmul_bound_lib.DEFAULT_FLOPS_PER_S,
+                   dropout_rng: str = "threefry") -> dict:
     """Compile time and median wall time of the real sharded train step (data parallel over `devices`, default all).
 
     Returns the timings, throughput, model FLOPs per step (model_flops_per_sequence * batch_size) and the matmul
@@ -195,7 +198,7 @@ def benchmark_step(size: str, seq_length: int, batch_size: int, max_predictions:
                                                     max_predictions)
         step = train.jit_train_step(train.make_train_step(model, tx, schedule, rules, mesh), shardings, mesh, rules)
         device_batch = sharding_lib.make_global_batch(batch, sharding_lib.batch_sharding(mesh, rules))
-        step_rng = jax.random.key(1)
+        step_rng = train.dropout_key(1, dropout_rng, devices[0].platform)
         start = time.perf_counter()
         compiled = step.lower(state, device_batch, step_rng).compile()
         compile_seconds = time.perf_counter() - start
@@ -307,7 +310,7 @@ def torch_table_row(result: dict) -> str:
 
 def run(sizes, seq_length: int, batch_size: int, max_predictions: int = 0, dtype: str = "float32", steps: int = 10,
         warmup: int = 2, matmul_size: int = 0, compare_torch: bool | None = None, threads: int = 0, devices=None,
-        print_fn: Callable[[str], None] = print, matmuls: str = "total") -> list[dict]:
+        print_fn: Callable[[str], None] = print, matmuls: str = "total", dropout_rng: str = "threefry") -> list[dict]:
     """Measures every preset in `sizes` and prints the tables; returns one result dict per preset.
 
     compare_torch=None means: on when the platform is CPU and torch + transformers import. threads (0: every core
@@ -341,7 +344,8 @@ def run(sizes, seq_length: int, batch_size: int, max_predictions: int = 0, dtype
     # moment's slowdown during one measurement would otherwise lower the ceiling and overstate the MFU.
     before = matmul_ceiling(matmul_size, jnp.dtype(dtype)) * parallel
     peak = metrics_lib.peak_flops_per_device(device) * len(devices)
-    print_fn(f"devices: {len(devices)} x {device.device_kind} ({device.platform}), jax {jax.__version__}")
+    print_fn(f"devices: {len(devices)} x {device.device_kind} ({device.platform}), jax {jax.__version__}; dropout "
+             f"RNG {train.dropout_rng_name(dropout_rng, device.platform)}")
     if device.platform == "cpu":
         print_fn(f"CPU threads: JAX/XLA {cores} (its pool is sized by the cores this process may run on)"
                  + (f", torch {threads} (torch.set_num_threads)" if compare_torch else ""))
@@ -349,7 +353,7 @@ def run(sizes, seq_length: int, batch_size: int, max_predictions: int = 0, dtype
     results = []
     for size in sizes:
         results.append(benchmark_step(size, seq_length, batch_size, max_predictions, dtype_name, steps, warmup,
-                                      devices, matmuls != "off", before / parallel))
+                                      devices, matmuls != "off", before / parallel, dropout_rng))
         # Printed as each preset finishes: the table waits for the second ceiling measurement, and a later preset
         # that fails (out of memory, say) must not take this one's figures with it.
         print_fn(spread(f"{size} (jax)", results[-1]["step_times"]))
@@ -421,7 +425,7 @@ def main(argv):
         raise app.UsageError(str(error)) from error
     run(FLAGS.size, FLAGS.seq_length, FLAGS.batch_size, FLAGS.max_predictions, FLAGS.dtype, FLAGS.steps,
         FLAGS.warmup, FLAGS.matmul_size, FLAGS.compare_torch, FLAGS.threads, print_fn=lambda line: print(
-            line, flush=True), matmuls=FLAGS.matmuls)
+            line, flush=True), matmuls=FLAGS.matmuls, dropout_rng=FLAGS.dropout_rng)
 
 
 if __name__ == "__main__":

@@ -211,9 +211,6 @@ class Checkpointer:
                            INTEGRITY_ITEM: ocp.JsonCheckpointHandler(),
                            HEALTH_ITEM: ocp.JsonCheckpointHandler()})
 
-    def latest_step(self) -> int | None:
-        return self.manager.latest_step()
-
     def all_steps(self) -> list[int]:
         return sorted(self.manager.all_steps())
 

@@ -349,8 +349,9 @@ def train_and_evaluate(config, workdir: str) -> dict[str, float]:
                             break
                     break
                 except _Diverged as diverged:
-                    state, step_rng, train_batches, monitor = _rewind_after(diverged, run, checkpointer, monitor,
-                                                                            state_shardings, train_batches, positions)
+                    state, step_rng, train_batches, monitor = _rewind_after(
+                        diverged, run, checkpointer, monitor, state, state_shardings, step_rng, train_batches,
+                        positions)
                     unjudged = {int(state.step)}
                     writer.close()  # its records after the step rewound to go
                     writer = metrics_lib.MetricWriter(workdir, resume_step=int(state.step))
@@ -370,7 +371,7 @@ class _Diverged(Exception):
 
     def __init__(self, step: int, problem: str, position: int | None):
         super().__init__(f"step {step} {problem}")
-        self.step, self.problem = step, problem
+        self.step = step
         self.position = position  # the input position of the batch the step was fed
 
     def skip_from(self, step: int, position: int | None) -> int:
@@ -380,8 +381,8 @@ class _Diverged(Exception):
         return self.position + 1 - position
 
 
-def _rewind_after(diverged: _Diverged, run: _Run, checkpointer, monitor, state_shardings, train_batches,
-                  positions: dict[int, int]):
+def _rewind_after(diverged: _Diverged, run: _Run, checkpointer, monitor, state, state_shardings, rng,
+                  train_batches, positions: dict[int, int]):
     """After step S diverged: checkpoint S-1, whose parameters S started from, is set aside as diverged; then,
     while checkpoint.max_rewinds allows, the newest verified checkpoint is restored and
     checkpoint.rewind_skip_batches of input skipped (returns (state, rng, input, monitor) to go on from); otherwise
@@ -404,7 +405,14 @@ def _rewind_after(diverged: _Diverged, run: _Run, checkpointer, monitor, state_s
                         ckpt.rewind_skip_batches, rewinds + 1, ckpt.max_rewinds)
         for newer in (newer for newer in existing if newer > verified):  # never judged: a restart must not use them
             checkpointer.set_aside(newer, "rewound")
-        step, state, rng, record = _restore_verified(run, checkpointer, state_shardings, train_batches)
+        # The restore target: the shapes of the state being replaced, and the run's own kind of dropout key.
+        abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
+        restored = checkpointer.restore_latest(abstract, state_shardings, NamedSharding(run.mesh, PartitionSpec()),
+                                               train_batches, rng_impl=jax.random.key_impl(rng))
+        if restored is None:
+            raise divergence.DivergenceError(f"no checkpoint in {checkpointer.directory} could be restored to rewind "
+                                             "to (see the warnings above): rerun to start again")
+        step, state, rng, record = restored
         positions[step] = train_batches.position
         # Past the batch that diverged: from the same parameters, with the same dropout, it would diverge again.
         skip = diverged.skip_from(step, positions[step]) + ckpt.rewind_skip_batches
@@ -436,19 +444,6 @@ def _rewind_after(diverged: _Diverged, run: _Run, checkpointer, monitor, state_s
     if verified is not None and ckpt.max_rewinds:
         how = f"checkpoint.max_rewinds={ckpt.max_rewinds} automatic rewinds are used up. " + how
     raise divergence.DivergenceError(f"{diverged}; stopped without saving it.{aside} {how}, {fix}")
-
-
-def _restore_verified(run: _Run, checkpointer, state_shardings, train_batches):
-    data = run.config.data
-    abstract, _, _ = abstract_train_state(run.model, run.tx, run.mesh, run.rules, data.max_seq_length,
-                                          data.max_predictions_per_seq)
-    replicated = NamedSharding(run.mesh, PartitionSpec())
-    rng_impl = jax.random.key_impl(dropout_key(0, run.config.train.dropout_rng, jax.devices()[0].platform))
-    restored = checkpointer.restore_latest(abstract, state_shardings, replicated, train_batches, rng_impl=rng_impl)
-    if restored is None:
-        raise divergence.DivergenceError(f"no checkpoint in {checkpointer.directory} could be restored to rewind to "
-                                         "(see the warnings above): rerun to start again")
-    return restored
 
 
 def evaluate_checkpoint(config, workdir: str, checkpoint: str = "") -> dict[str, float]:

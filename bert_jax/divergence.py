@@ -51,13 +51,13 @@ class Health:
                    for rewind in self.rewinds)
 
 
-def validate_config(train, field_prefix: str = "train") -> None:
+def validate_config(train) -> None:
     """Errors naming the field: the spike detector's settings."""
     if not (train.spike_factor == 0 or train.spike_factor > 1):
-        raise ValueError(f"--config.{field_prefix}.spike_factor={train.spike_factor}: must be above 1 (a loss that "
+        raise ValueError(f"--config.train.spike_factor={train.spike_factor}: must be above 1 (a loss that "
                          "many times the recent median is a spike), or 0 to detect non-finite values only")
     if train.spike_window < 1:
-        raise ValueError(f"--config.{field_prefix}.spike_window={train.spike_window}: must be at least 1 (steps of "
+        raise ValueError(f"--config.train.spike_window={train.spike_window}: must be at least 1 (steps of "
                          "loss history a spike is judged against)")
 
 

@@ -1,5 +1,6 @@
 """Smoke test of the train-step benchmark (bert_jax.benchmarks.step): figures present and consistent, never timed."""
 
+import os
 import subprocess
 import sys
 
@@ -186,3 +187,18 @@ def test_benchmark_sets_the_drivers_xla_flags_unless_named():
         "--xla_cpu_experimental_ynn_fusion_type=reduce"]
     named = "--xla_cpu_experimental_ynn_fusion_type="
     assert benchmark.with_driver_xla_flags(named) == driver.with_cpu_xla_flags(named) == named
+
+
+def test_the_program_runs_on_the_cpu_without_libtpus_start_up_noise():
+    # JAX_PLATFORMS unset, as a user's shell leaves it: with libtpu installed (the test extra) and no TPU attached,
+    # the program picks the CPU itself before JAX starts, instead of letting libtpu try and fail loudly.
+    env = {name: value for name, value in os.environ.items() if name not in ("JAX_PLATFORMS", "XLA_FLAGS")}
+    result = subprocess.run(
+        [sys.executable, "-m", "bert_jax.benchmarks.step", "--size=tiny", "--seq_length=16", "--batch_size=2",
+         "--steps=1", "--warmup=0", "--matmul_size=64", "--matmuls=off", "--compare_torch=false"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=240, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "devices: 1 x cpu" in result.stdout, result.stdout
+    for noise in ("Failed to find host bounds for accelerator type", "Logging before InitGoogle()",
+                  "TPU_ACCELERATOR_TYPE", "Unable to initialize backend 'tpu'"):
+        assert noise not in result.stderr, result.stderr[-3000:]

@@ -14,6 +14,7 @@ Run as a program, it sets the driver's XLA:CPU options (see DRIVER_XLA_FLAGS) be
 """
 
 import functools
+import importlib.util
 import os
 import resource
 import statistics
@@ -83,6 +84,18 @@ def pin_to_cores(threads: int) -> int:
             raise ValueError(f"--threads={threads} exceeds the {len(cores)} cores this process may use")
         os.sched_setaffinity(0, cores[:threads])
     return schedulable_cores()
+
+
+def without_an_absent_tpu() -> None:
+    """The CPU, quietly, where libtpu is installed but no TPU chip or GPU is attached (bert_jax.main's rule, not
+    imported from there for the reason DRIVER_XLA_FLAGS gives): JAX would otherwise try the TPU first and print
+    libtpu's start-up errors. Call before JAX starts its backend."""
+    if jax.config.jax_platforms or importlib.util.find_spec("libtpu") is None:
+        return
+    from jax._src import hardware_utils  # pylint: disable=import-outside-toplevel  # JAX's own test for TPU chips
+    if not (hardware_utils.num_available_tpu_chips_and_device_id()[0] or hardware_utils.has_visible_nvidia_gpu()
+            or hardware_utils.num_available_amd_gpus(stop_at=1)):
+        jax.config.update("jax_platforms", "cpu")
 
 
 def peak_rss_bytes() -> int:
@@ -232,7 +245,15 @@ def benchmark_step(size: str, seq_length: int, batch_size: int, max_predictions:
             "flops_per_step": flops, "model_flops_per_s": flops / median, "executed_flops_per_step": executed,
             "loss": first_loss,
             "last_loss": float(metrics["loss"]),
-            "batch": batch, "model_config": model_config, "matmuls": bound, "matmuls_skipped": skipped, **memory}
+            "batch": batch, "model_config": model_config, "matmuls": bound, "matmuls_skipped": skipped,
+            "cost": _cost_analysis(compiled), **memory}
+
+
+def _cost_analysis(compiled) -> dict[str, float]:
+    """XLA's FLOPs and bytes accessed for the compiled step (per device), as bert_jax.aot reads them for a TPU."""
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    return {name: float(cost.get(name, 0.0)) for name in ("flops", "bytes accessed", "optimal_seconds")}
 
 
 def spread(name: str, times) -> str:
@@ -419,6 +440,7 @@ def main(argv):
     del argv
     # Before anything starts JAX's backend: it reads XLA_FLAGS, and sizes its CPU thread pool by the affinity mask.
     os.environ["XLA_FLAGS"] = with_driver_xla_flags(os.environ.get("XLA_FLAGS", ""))
+    without_an_absent_tpu()
     try:
         pin_to_cores(FLAGS.threads)
     except ValueError as error:

@@ -21,6 +21,7 @@ chips; v5p:4x4x4 is v5p-128, 64 chips; v5e:16x16 is v5litepod-256). One JAX devi
 """
 
 import dataclasses
+import logging
 import os
 import re
 import time
@@ -32,6 +33,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from ml_collections import config_flags
 import numpy as np
 
+from bert_jax import chips as chips_lib
 from bert_jax import model as model_lib
 from bert_jax import optim
 from bert_jax import sharding as sharding_lib
@@ -40,7 +42,7 @@ from bert_jax import train
 GIB = 1 << 30
 # Nominal HBM per chip (GiB), for the "fits" verdict. The runtime keeps a little for itself, so treat a step within
 # a few percent of the limit as not fitting.
-HBM_GIB_PER_CHIP = {"v4": 32, "v5e": 16, "v5p": 95, "v6e": 32}
+HBM_GIB_PER_CHIP = {name: chip.hbm_gib for name, chip in chips_lib.CHIPS.items()}
 # libtpu's compile-only topologies give v4 one device per TensorCore unless asked for megacore, which is what a v4
 # TPU VM runs (one JAX device per chip). v5p topologies are megacore already; v5e and v6e chips have one core.
 _TOPOLOGY_OPTIONS = {"v4": {"chip_config_name": "megacore"}}
@@ -137,6 +139,10 @@ class AotReport:
     dcn_bytes: dict[str, int] = dataclasses.field(default_factory=dict)
     # The result sizes of the program's collectives on one chip, by kind (collective_bytes).
     collective_bytes: dict[str, int] = dataclasses.field(default_factory=dict)
+    # compiled.cost_analysis()'s "bytes accessed" (HBM traffic of the per-device program) and "optimal_seconds"
+    # (XLA:TPU's own time for it); loop bodies count once, as for the FLOPs.
+    bytes_accessed: float = 0.0
+    optimal_seconds: float = 0.0
 
     @property
     def total_bytes(self) -> int:
@@ -293,6 +299,8 @@ def compile_train_step(config, topology: str, num_slices: int = 1):
         alias_bytes=memory.alias_size_in_bytes, temp_bytes=memory.temp_size_in_bytes,
         generated_code_bytes=memory.generated_code_size_in_bytes,
         xla_peak_bytes=int(getattr(memory, "peak_memory_in_bytes", 0)), flops_per_device=float(cost["flops"]),
+        bytes_accessed=float(cost.get("bytes accessed", 0.0)),
+        optimal_seconds=float(cost.get("optimal_seconds", 0.0)),
         while_loops=len(re.findall(r"\bwhile\(", hlo_text := compiled.as_text())),
         dcn_bytes=dcn_transfers(hlo_text) if num_slices > 1 else {}, collective_bytes=collective_bytes(hlo_text))
     return compiled, report
@@ -371,8 +379,14 @@ def _define_flags() -> None:
                          "data parallel across them (--config.mesh.dcn_data is set to it).")
     config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/pretrain.py:size=large.",
                                     lock_config=True)
-    flags.DEFINE_bool("plan", False, "Search, for one --topology, the mesh split, remat policy, scan_layers and "
-                      "largest batch that fit (bert_jax.planner), print a table and the best configuration's flags.")
+    flags.DEFINE_bool("plan", False, "Search, for one --topology, the mesh split, remat policy, scan_layers, batch and "
+                      "accumulation predicted fastest (bert_jax.planner); print a table and the best one's flags.")
+    flags.DEFINE_integer("plan_batch", 0, "--plan: the global batch per optimizer step to reach (e.g. BERT's 256), by "
+                         "the largest micro-batch that fits and gradient accumulation; 0: the batch is free (the "
+                         "largest that fits, or where a larger one would add less than --plan_saturation).")
+    flags.DEFINE_float("plan_saturation", planner.SATURATION, "--plan without --plan_batch: stop growing the batch "
+                       "once the predicted throughput reaches this fraction of its limit at an unbounded batch "
+                       "(1: the largest batch that fits).")
     flags.DEFINE_float("plan_headroom", 0.1, "--plan: the fraction of HBM a configuration must leave free.")
     flags.DEFINE_float("plan_hbm_gib", 0, "--plan: the HBM per chip to plan for, in GiB (0: the chip's), e.g. "
                        "less than the chip's when something else shares it.")
@@ -381,7 +395,8 @@ def _define_flags() -> None:
     flags.DEFINE_float("plan_resolution", planner.RESOLUTION, "--plan: bisect until the batch found is known to "
                        "within this fraction of itself.")
     flags.DEFINE_list("plan_remat", list(planner.REMAT_CANDIDATES), "--plan: the remat policies to try.")
-    flags.DEFINE_list("plan_scan", ["off", "on"], "--plan: model.scan_layers settings to try (off, on).")
+    flags.DEFINE_list("plan_scan", ["off", "on"], "--plan: model.scan_layers settings to try (off, on); on is "
+                      "searched only where off does not fit, as a scanned step is no faster.")
     flags.DEFINE_string("plan_cache_dir", os.path.join(os.path.expanduser("~"), ".cache", "bert_jax", "aot"),
                         "--plan: where compiled configurations' reports are kept, so a rerun compiles only what is "
                         "new; empty keeps nothing.")
@@ -394,6 +409,8 @@ def main(argv):
     # Before libtpu loads (the first topology): the option the config's dropout RNG needs, as the driver sets it.
     os.environ["LIBTPU_INIT_ARGS"] = train.with_libtpu_options(os.environ.get("LIBTPU_INIT_ARGS", ""),
                                                                FLAGS.config.train.dropout_rng)
+    # JAX logs, at absl's default INFO, that no TPU backend starts on this host: expected of a compile-only run.
+    logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
     if FLAGS.plan:
         return _plan()
     reports = []
@@ -429,7 +446,7 @@ def _plan() -> None:
     try:
         planner.run(FLAGS.config, FLAGS.topology[0], FLAGS.num_slices, FLAGS.plan_cache_dir, FLAGS.plan_headroom,
                     FLAGS.plan_remat, [scans[scan] for scan in FLAGS.plan_scan], int(FLAGS.plan_hbm_gib * GIB),
-                    meshes, FLAGS.plan_resolution)
+                    meshes, FLAGS.plan_resolution, saturation=FLAGS.plan_saturation, target_batch=FLAGS.plan_batch)
     except ValueError as error:
         raise app.UsageError(str(error)) from None
     except LibtpuMissingError as error:
@@ -444,6 +461,11 @@ def _set_compile_only_environment() -> None:
     # libtpu takes a one-process-per-host lock when it loads, meant for processes that drive TPU chips. A compile-only
     # process drives none, and must not fail because a training run or another compilation holds the lock.
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    # Off a TPU VM libtpu asks the metadata server what it runs on, finds nothing and prints errors about it
+    # ("Failed to find host bounds for accelerator type", "Logging before InitGoogle()") although compiling for a
+    # named topology needs neither answer. Naming any accelerator and worker host stops the questions.
+    os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v5litepod-4")
+    os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
 
 
 if __name__ == "__main__":

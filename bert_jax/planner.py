@@ -1,15 +1,25 @@
-"""The planner behind `python -m bert_jax.aot --plan`: which mesh, remat policy, layer scan and batch fit a TPU
-slice (or several), found by compiling candidates ahead of time on any host.
+"""The planner behind `python -m bert_jax.aot --plan`: which mesh, remat policy, layer scan, batch and gradient
+accumulation run fastest on a TPU slice (or several), found by compiling candidates ahead of time on any host.
 
-For every candidate (a split of each slice's chips over data, fsdp and tensor; a remat policy; scan_layers on or
-off) it searches the largest batch per data-parallel shard whose compiled step leaves at least `headroom` of the
-chip's HBM free: doubling from 8 rows per shard until a step does not fit, then bisecting between the last that
-fit (or 0) and the first that did not, down to an eighth of the batch found (or one row). Every figure is the compiler's
-(bert_jax.aot.compile_train_step's AotReport): memory, FLOPs and collective bytes per chip, no throughput model.
+For every candidate (a split of each slice's chips over data, fsdp and tensor; a remat policy; scan_layers) it
+compiles the real step at two small batches per data-parallel shard. Memory, FLOPs and bytes are close to affine in
+the batch, so the two give a line for each: the memory line predicts the largest batch that leaves `headroom` of the
+HBM free, and the step-time line (bert_jax.chips.estimate on XLA's figures) the batch past which the chip's
+throughput cannot grow by more than a few percent (`saturation`). The planner compiles the smaller of the two and,
+when memory is what limits, the next size up, correcting the line with every compile (at worst it bisects), so a
+candidate costs about four compiles, each at a batch no larger than the answer.
 
-Each compiled configuration's report is kept as JSON under `cache_dir`, keyed by the whole config, the topology,
-the slice count, the jax/jaxlib/libtpu versions and CACHE_VERSION, so that a second plan (another sequence
-length, a topology compared with the first) compiles only what it has not seen.
+With `target_batch` (--plan_batch) the global batch is fixed: per candidate, the largest micro-batch that fits and
+divides it, the rest by gradient accumulation; the step time is then the accumulation steps times the micro step's.
+
+Candidates that cannot win are not searched: a remat policy that recomputes more than one already found, where that
+one is not limited by memory (the same batch with more FLOPs) or is within a percent of what any batch could give
+it; scan_layers on where the unrolled step fits (the same work in a loop: it saves compile time, not step time).
+
+Rows are ranked by predicted sequences per second per chip. Every figure but the prediction is the compiler's
+(bert_jax.aot.compile_train_step's AotReport). Each compiled configuration's report is kept as JSON under
+`cache_dir`, keyed by the whole config, the topology, the slice count, the jax/jaxlib/libtpu versions and
+CACHE_VERSION, so that a second plan compiles only what it has not seen.
 """
 
 import dataclasses
@@ -23,15 +33,20 @@ import time
 from typing import Callable, Iterable
 
 from bert_jax import aot
+from bert_jax import chips as chips_lib
 
-REMAT_CANDIDATES = ("none", "matmuls", "full")
-# Stop bisecting once the interval between a batch that fits and one that does not is within this fraction of the
-# one that fits: another compile would move the answer by less than that.
+REMAT_CANDIDATES = ("none", "matmuls", "full")  # in order of recomputation
+# Stop searching once a batch that fits and one that does not are within this fraction of the one that fits.
 RESOLUTION = 1 / 8
-FIRST_ROWS = 8
+# The fraction of a configuration's throughput ceiling (its rows per second at an unbounded batch) at which a
+# larger batch is not worth its memory and its effect on the optimisation.
+SATURATION = 0.98
+PROBE_ROWS = (8, 32)  # the two small batches per shard every candidate is compiled at
 MAX_ROWS_PER_SHARD = 4096
+# A recomputing candidate is skipped when the one before it already reaches this fraction of its own ceiling.
+PRUNE_MARGIN = 0.01
 # Part of every cache key: raise it when AotReport or what fills it changes, so that old reports are not reused.
-CACHE_VERSION = 3
+CACHE_VERSION = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,14 +65,33 @@ class Candidate:
 @dataclasses.dataclass(frozen=True)
 class PlanRow:
     candidate: Candidate
-    rows_per_shard: int  # the largest batch per data-parallel shard that fits with headroom; 0: none does
-    report: aot.AotReport  # at that batch, or at one row per shard when none fits
-    not_fitting: aot.AotReport | None  # the smallest batch searched that does not fit (None: reached the cap)
+    rows_per_shard: int  # the micro-batch per data-parallel shard chosen; 0: none fits (or skipped)
+    report: aot.AotReport | None  # at that batch (one row per shard when none fits); None: skipped
+    not_fitting: aot.AotReport | None  # the smallest batch searched that does not fit (None: none did)
     compiles: int  # configurations compiled for this row (the cache's included)
+    accum_steps: int = 1
+    limit: str = ""  # what stopped the batch: memory, throughput, target, cap; or why the candidate was skipped
+    seconds: float = 0.0  # predicted seconds per optimizer step
+    bound: str = ""
+    xla_optimal_s: float = 0.0  # XLA's own time for the compiled micro-step (cost_analysis "optimal_seconds")
+    ceiling_rows_per_s: float = 0.0  # rows per second per shard at an unbounded batch, by the step-time line
 
     @property
     def fits(self) -> bool:
         return self.rows_per_shard > 0
+
+    @property
+    def global_batch(self) -> int:
+        return self.report.batch_size * self.accum_steps if self.report else 0
+
+    @property
+    def sequences_per_s_per_chip(self) -> float:
+        return self.global_batch / self.seconds / self.report.num_chips if self.fits and self.seconds else 0.0
+
+    def mfu(self, chip: chips_lib.Chip) -> float:
+        if not (self.fits and self.seconds):
+            return 0.0
+        return self.report.model_flops_per_device * self.accum_steps / self.seconds / chip.peak_flops
 
 
 def candidate_meshes(chips_per_slice: int, num_heads: int) -> list[tuple[int, int, int]]:
@@ -81,17 +115,19 @@ def candidates(chips_per_slice: int, num_heads: int, remats: Iterable[str] = REM
         if math.prod(mesh) != chips_per_slice:
             raise ValueError(f"--plan_meshes: {'x'.join(map(str, mesh))} is {math.prod(mesh)} chips, but a slice "
                              f"has {chips_per_slice}")
-    return [Candidate(*mesh, remat, scan) for mesh in meshes for remat in remats for scan in scans]
+    remats = sorted(remats, key=REMAT_CANDIDATES.index)
+    return [Candidate(*mesh, remat, scan) for mesh in meshes for scan in sorted(scans) for remat in remats]
 
 
-def configure(config, candidate: Candidate, rows_per_shard: int, num_slices: int):
-    """A copy of `config` running `candidate` with `rows_per_shard` rows per data-parallel shard."""
+def configure(config, candidate: Candidate, rows_per_shard: int, num_slices: int, accum_steps: int = 1):
+    """A copy of `config` running `candidate` with `rows_per_shard` rows per data-parallel shard in each of
+    `accum_steps` micro-batches."""
     config = config.copy_and_resolve_references()
     config.mesh.dcn_data = num_slices
     config.mesh.data, config.mesh.fsdp, config.mesh.tensor = candidate.data, candidate.fsdp, candidate.tensor
     config.model.remat, config.model.scan_layers = candidate.remat, candidate.scan_layers
-    config.train.batch_size = rows_per_shard * num_slices * candidate.data * candidate.fsdp
-    config.optim.grad_accum_steps = 1
+    config.train.batch_size = rows_per_shard * accum_steps * num_slices * candidate.data * candidate.fsdp
+    config.optim.grad_accum_steps = accum_steps
     return config
 
 
@@ -151,132 +187,323 @@ def fits_with_headroom(report: aot.AotReport, headroom: float, hbm_bytes: int = 
     return report.fits and report.needed_bytes <= (1 - headroom) * (hbm_bytes or report.hbm_bytes)
 
 
+def chip_of(topology: str) -> chips_lib.Chip:
+    return chips_lib.CHIPS[topology.split(":", 1)[0]]
+
+
+def _work(report: aot.AotReport) -> tuple[float, float, float]:
+    """FLOPs, bytes accessed and collective bytes of one chip's step. XLA counts a while loop's body once
+    (scan_layers, accumulation, its own collective-matmul loops): where the program has loops and its FLOPs fall
+    short of the matmuls the step executes, all three are scaled up by that shortfall."""
+    scale = 1.0
+    if report.while_loops and report.flops_per_device:
+        scale = max(1.0, report.executed_flops_per_device / report.flops_per_device)
+    return (report.flops_per_device * scale, report.bytes_accessed * scale,
+            sum(report.collective_bytes.values()) * scale)
+
+
+def predict(report: aot.AotReport, chip: chips_lib.Chip, fixed_bytes: float = 0.0) -> chips_lib.Estimate:
+    """The step time of one compiled micro-step on `chip` (bert_jax.chips.estimate); `fixed_bytes`: the traffic
+    that does not grow with the batch (fixed_traffic)."""
+    flops, traffic, collectives = _work(report)
+    return chips_lib.estimate(chip, flops, traffic, collectives, sum(report.dcn_bytes.values()), fixed_bytes)
+
+
+def fixed_traffic(rows_a: int, report_a: aot.AotReport, rows_b: int, report_b: aot.AotReport) -> float:
+    """The bytes accessed at zero batch, by the line through two compiles of one candidate: the state the optimizer
+    reads and writes, and the weights."""
+    intercept, _ = _line(rows_a, _work(report_a)[1], rows_b, _work(report_b)[1])
+    return min(max(intercept, 0.0), _work(report_a)[1])
+
+
+def _line(x1: float, y1: float, x2: float, y2: float) -> tuple[float, float]:
+    """(intercept, slope) of the line through two points."""
+    slope = (y2 - y1) / (x2 - x1)
+    return y1 - slope * x1, slope
+
+
+def saturation_rows(intercept: float, slope: float, saturation: float) -> float:
+    """The batch at which rows / (intercept + slope * rows) reaches `saturation` of its limit 1 / slope."""
+    if slope <= 0 or saturation >= 1:
+        return math.inf
+    return max(1.0, saturation * intercept / (slope * (1 - saturation)))
+
+
 def search(config, candidate: Candidate, topology: str, num_slices: int, cache: ReportCache, headroom: float,
-           hbm_bytes: int = 0, log: Callable[[str], None] = lambda line: None,
-           resolution: float = RESOLUTION) -> PlanRow:
-    """The largest batch per data-parallel shard of `candidate` that fits with `headroom`: doubling, then
-    bisection until the answer is known to within `resolution` of itself (see the module docstring)."""
-    compiled = 0
+           hbm_bytes: int = 0, log: Callable[[str], None] = lambda line: None, resolution: float = RESOLUTION,
+           saturation: float = SATURATION, target_rows: int = 0,
+           compile_at: Callable[[int, int], aot.AotReport] | None = None) -> PlanRow:
+    """The micro-batch per data-parallel shard for `candidate` (see the module docstring) and its predicted step
+    time. `target_rows`: the rows per shard of each optimizer step (--plan_batch), reached by accumulation;
+    0 leaves the batch free. `compile_at(rows, accum_steps)` replaces compiling (tests)."""
+    chip = chip_of(topology)
+    budget = hbm_bytes or chip.hbm_bytes
+    compiled: dict[tuple[int, int], aot.AotReport] = {}
 
-    def attempt(rows):
-        nonlocal compiled
-        compiled += 1
-        report = compile_report(configure(config, candidate, rows, num_slices), topology, num_slices, cache)
-        ok = fits_with_headroom(report, headroom, hbm_bytes)
-        log(f"  {candidate.label} rows/shard={rows}: {report.needed_bytes / aot.GIB:.2f} GiB, compiled in "
-            f"{report.compile_seconds:.0f} s -> {'fits' if ok else 'does not fit'}")
-        return ok, report
+    def attempt(rows: int, accum: int = 1) -> tuple[bool, aot.AotReport]:
+        if (rows, accum) not in compiled:
+            if compile_at is not None:
+                compiled[rows, accum] = compile_at(rows, accum)
+            else:
+                compiled[rows, accum] = compile_report(configure(config, candidate, rows, num_slices, accum),
+                                                       topology, num_slices, cache)
+            report = compiled[rows, accum]
+            log(f"  {candidate.label} rows/shard={rows}{f' x {accum} accumulated' if accum > 1 else ''}: "
+                f"{report.needed_bytes / aot.GIB:.2f} GiB, compiled in {report.compile_seconds:.0f} s -> "
+                f"{'fits' if fits_with_headroom(report, headroom, budget) else 'does not fit'}")
+        report = compiled[rows, accum]
+        return fits_with_headroom(report, headroom, budget), report
 
-    # Doubling from FIRST_ROWS, then bisection between the last fit (0: none yet) and the first misfit.
-    low, low_report, high, high_report = 0, None, None, None
-    rows = FIRST_ROWS
-    while high is None and rows <= MAX_ROWS_PER_SHARD:
+    # The sizes allowed: any up to the cap, or the divisors of the target (the rest is accumulated).
+    allowed = (sorted(d for d in range(1, target_rows + 1) if target_rows % d == 0) if target_rows
+               else None)
+
+    def at_most(rows: float) -> int:
+        rows = int(min(rows, target_rows or MAX_ROWS_PER_SHARD))
+        if allowed is None:
+            return max(rows, 1)
+        return max([d for d in allowed if d <= rows] or [1])
+
+    def above(rows: int) -> int | None:
+        if allowed is None:
+            return rows + 1 if rows < MAX_ROWS_PER_SHARD else None
+        return next((d for d in allowed if d > rows), None)
+
+    # Two small probes: the lines for memory and step time.
+    probes = sorted({at_most(PROBE_ROWS[0]), at_most(PROBE_ROWS[1])})
+    low, high, reports, last = 0, None, {}, 0
+    for rows in probes:
         ok, report = attempt(rows)
-        if ok:
-            low, low_report, rows = rows, report, rows * 2
+        reports[rows] = report
+        if not ok:
+            high = rows
+            break
+        low = rows
+    goal, limit = at_most(MAX_ROWS_PER_SHARD), "target" if target_rows else "cap"
+    intercept_s = slope_s = fixed = 0.0
+    if low and high is None and len(probes) == 2:
+        fixed = fixed_traffic(probes[0], reports[probes[0]], probes[1], reports[probes[1]])
+        seconds = [predict(reports[rows], chip, fixed).seconds for rows in probes]
+        intercept_s, slope_s = _line(probes[0], seconds[0], probes[1], seconds[1])
+        if not target_rows:
+            enough = saturation_rows(intercept_s, slope_s, saturation)
+            if enough < goal:
+                goal, limit = at_most(max(enough, probes[1])), "throughput"
+    # Towards the goal along the memory line; between a fit and a misfit, by the line through them, else halves.
+    while True:
+        if high is None and low >= goal:
+            break
+        if high is not None and (high - low <= max(1, math.floor(low * resolution)) or above(low) in (None, high)):
+            limit = "memory"
+            break
+        fitting = sorted(rows for rows in reports if fits_with_headroom(reports[rows], headroom, budget))
+        if high is not None and low:
+            step = max(1, math.floor(low * resolution))
+            if last == low and low + step < high:
+                # A line through a fit and a misfit undershoots a convex memory curve: the next fit it predicts
+                # creeps up one row at a time. One step of the resolution past a fit ends the search instead.
+                guess = low + step
+            else:
+                guess = _memory_guess(low, reports[low], high, reports[high], budget * (1 - headroom))
+                guess = guess if low < guess < high else (low + high) // 2
+        elif high is not None:
+            guess = high // 2
+        elif len(fitting) >= 2:
+            guess = _memory_guess(fitting[-2], reports[fitting[-2]], fitting[-1], reports[fitting[-1]],
+                                  budget * (1 - headroom))
+            # The line is a prediction: step past the last fit at least by the resolution, so that a line that
+            # undershoots still ends the search; never beyond the goal.
+            guess = max(guess, low + max(1, math.floor(low * resolution)))
+            guess = min(guess, goal)
         else:
-            high, high_report = rows, report
-    while high is not None and high - low > max(1, math.floor(low * resolution)):
-        middle = (low + high) // 2
-        ok, report = attempt(middle)
+            guess = min(low * 2, goal)
+        rows = at_most(guess)
+        if rows <= low:
+            rows = above(low)
+            if rows is None:
+                break
+        if high is not None and rows >= high:
+            rows = at_most((low + high) // 2)
+            if rows <= low:
+                limit = "memory"
+                break
+        ok, report = attempt(rows)
+        reports[rows], last = report, rows
         if ok:
-            low, low_report = middle, report
+            low = rows
         else:
-            high, high_report = middle, report
+            high = rows
+    not_fitting = reports.get(high) if high is not None else None
     if low == 0:
-        return PlanRow(candidate, 0, high_report, high_report, compiled)
-    return PlanRow(candidate, low, low_report, high_report, compiled)
+        return PlanRow(candidate, 0, not_fitting, not_fitting, len(compiled), limit="memory")
+    accum = target_rows // low if target_rows else 1
+    report = reports[low]
+    if accum > 1:  # the memory of the real accumulating step; its time is accum micro-steps'
+        ok, accumulated = attempt(low, accum)
+        if not ok:
+            return PlanRow(candidate, 0, accumulated, accumulated, len(compiled), limit="memory")
+    estimate = predict(report, chip, fixed)
+    return PlanRow(candidate, low, report, not_fitting, len(compiled), accum_steps=accum, limit=limit,
+                   seconds=estimate.seconds * accum, bound=estimate.bound, xla_optimal_s=report.optimal_seconds,
+                   ceiling_rows_per_s=1 / slope_s if slope_s > 0 else 0.0)
+
+
+def _memory_guess(rows_a: int, report_a: aot.AotReport, rows_b: int, report_b: aot.AotReport, budget: float) -> int:
+    """Where the memory line through two compiled batches reaches `budget` (an XLA refusal counts as over it:
+    then the guess is halfway)."""
+    if report_b.out_of_memory or report_a.out_of_memory or report_b.needed_bytes == report_a.needed_bytes:
+        return (rows_a + rows_b) // 2
+    intercept, slope = _line(rows_a, report_a.needed_bytes, rows_b, report_b.needed_bytes)
+    if slope <= 0:
+        return 2 * max(rows_a, rows_b)
+    return math.floor((budget - intercept) / slope)
 
 
 def plan(config, topology: str, num_slices: int = 1, cache: ReportCache | None = None, headroom: float = 0.1,
          remats: Iterable[str] = REMAT_CANDIDATES, scans: Iterable[bool] = (False, True), hbm_bytes: int = 0,
-         log: Callable[[str], None] = lambda line: None, meshes=None, resolution: float = RESOLUTION
-         ) -> list[PlanRow]:
-    """Searches every candidate for `config` on `num_slices` x `topology`; one PlanRow per candidate.
-    `hbm_bytes` (default: the chip's) is the memory a configuration must fit, less `headroom`."""
+         log: Callable[[str], None] = lambda line: None, meshes=None, resolution: float = RESOLUTION,
+         saturation: float = SATURATION, target_batch: int = 0) -> list[PlanRow]:
+    """Searches the candidates for `config` on `num_slices` x `topology` that can win; one PlanRow per candidate
+    (a skipped one with rows_per_shard 0, no report and the reason as its limit). `hbm_bytes` (default: the
+    chip's) is the memory a configuration must fit, less `headroom`; `target_batch` a global batch to reach."""
     if not 0 <= headroom < 1:
         raise ValueError(f"--plan_headroom={headroom}: must be in [0, 1)")
     if not 0 < resolution < 1:
         raise ValueError(f"--plan_resolution={resolution}: must be in (0, 1)")
+    if not 0 < saturation <= 1:
+        raise ValueError(f"--plan_saturation={saturation}: must be in (0, 1]")
+    if target_batch < 0:
+        raise ValueError(f"--plan_batch={target_batch}: must be positive (0: the batch is free)")
     if hbm_bytes < 0:
         raise ValueError(f"--plan_hbm_gib={hbm_bytes / aot.GIB}: must be positive (0: the chip's HBM)")
     chips = len(aot.topology_devices(topology, 1))
     cache = cache or ReportCache("")
-    rows = []
+    rows: list[PlanRow] = []
     for candidate in candidates(chips, config.model.num_heads, remats, scans, meshes):
-        rows.append(search(config, candidate, topology, num_slices, cache, headroom, hbm_bytes, log, resolution))
+        shards = num_slices * candidate.data * candidate.fsdp
+        if target_batch and target_batch % shards:
+            rows.append(PlanRow(candidate, 0, None, None, 0, limit=f"skipped: --plan_batch={target_batch} is not a "
+                                                                   f"multiple of its {shards} data shards"))
+            continue
+        reason = _cannot_win(candidate, rows)
+        if reason:
+            rows.append(PlanRow(candidate, 0, None, None, 0, limit=f"skipped: {reason}"))
+            continue
+        rows.append(search(config, candidate, topology, num_slices, cache, headroom, hbm_bytes, log, resolution,
+                           saturation, target_batch // shards if target_batch else 0))
     return rows
 
 
+def _cannot_win(candidate: Candidate, done: list[PlanRow]) -> str:
+    """Why `candidate` cannot be faster than a row already searched at the same mesh ("" if it may be)."""
+    same_mesh = [row for row in done if (row.candidate.data, row.candidate.fsdp, row.candidate.tensor)
+                 == (candidate.data, candidate.fsdp, candidate.tensor) and row.report is not None]
+    if candidate.scan_layers:
+        unrolled = [row for row in same_mesh if not row.candidate.scan_layers and row.candidate.remat
+                    == candidate.remat]
+        if unrolled and unrolled[0].fits:
+            return "scan=off fits (a loop saves compile time, not step time)"
+    for row in same_mesh:
+        if not row.fits or row.candidate.scan_layers != candidate.scan_layers:
+            continue
+        if REMAT_CANDIDATES.index(row.candidate.remat) >= REMAT_CANDIDATES.index(candidate.remat):
+            continue
+        if row.limit != "memory":
+            return f"remat={row.candidate.remat} already reaches the batch it needs ({row.limit})"
+        per_shard = row.rows_per_shard * row.accum_steps / row.seconds
+        if row.ceiling_rows_per_s and per_shard >= (1 - PRUNE_MARGIN) * row.ceiling_rows_per_s:
+            return (f"remat={row.candidate.remat} is within {PRUNE_MARGIN:.0%} of its throughput at any batch, "
+                    "which recomputation cannot raise")
+    return ""
+
+
 def best(rows: list[PlanRow]) -> PlanRow | None:
-    """The row with the largest batch that fits; among equals, the fewest compiled FLOPs per chip (less
-    recomputation), then the fewest collective bytes."""
+    """The row with the most predicted sequences per second per chip; among equals, the larger batch."""
     fitting = [row for row in rows if row.fits]
     if not fitting:
         return None
-    return max(fitting, key=lambda row: (row.report.batch_size, -row.report.flops_per_device,
-                                         -sum(row.report.collective_bytes.values())))
+    return max(fitting, key=lambda row: (round(row.sequences_per_s_per_chip, 6), row.global_batch))
 
 
 def flags(row: PlanRow, num_slices: int) -> str:
-    candidate, report = row.candidate, row.report
+    candidate = row.candidate
     return (f"--config.mesh.dcn_data={num_slices} --config.mesh.data={candidate.data} "
             f"--config.mesh.fsdp={candidate.fsdp} --config.mesh.tensor={candidate.tensor} "
             f"--config.model.remat={candidate.remat} --config.model.scan_layers={candidate.scan_layers} "
-            f"--config.train.batch_size={report.batch_size}")
+            f"--config.train.batch_size={row.global_batch} --config.optim.grad_accum_steps={row.accum_steps}")
 
 
 def _size(value: float) -> str:
     return f"{value / aot.GIB:.3g}"
 
 
-def format_plan(rows: list[PlanRow], headroom: float, hbm_bytes: int = 0) -> str:
-    """One line per candidate: the batch found, the memory at it (GiB per chip) and the compiler's FLOPs and
-    collective bytes; '*' marks figures from a program with while loops (bodies counted once)."""
-    header = ["mesh d,f,t  remat  scan", "rows/shard", "global batch", "args", "temps", "total / HBM",
-              "TFLOP/chip", "collectives/chip", "to other slices/chip", "next size up"]
+def format_plan(rows: list[PlanRow], headroom: float, hbm_bytes: int = 0, chip: chips_lib.Chip | None = None) -> str:
+    """One line per candidate, fastest first: the batch found, its memory (GiB per chip), the compiler's FLOPs and
+    collective bytes, and the predicted step time, throughput and MFU; '*' marks figures from a program with while
+    loops (XLA counts their bodies once; the prediction scales them up)."""
+    header = ["mesh d,f,t  remat  scan", "rows/shard", "accum", "global batch", "total / HBM", "TFLOP/chip",
+              "collectives/chip", "to other slices/chip", "step s", "seq/s/chip", "MFU", "bound", "XLA s",
+              "limit (next size up)"]
     cells = [header]
-    for row in rows:
+    order = sorted(rows, key=lambda row: (not row.fits, -row.sequences_per_s_per_chip))
+    for row in order:
         report = row.report
-        loops = " *" if report.while_loops else ""
-        budget = hbm_bytes or report.hbm_bytes
-        if row.fits:
-            memory = [_size(report.argument_bytes), _size(report.temp_bytes),
-                      f"{_size(report.needed_bytes)} / {_size(budget)} ({report.needed_bytes / budget:.0%})"]
-            work = [f"{report.flops_per_device / 1e12:.4g}{loops}",
-                    f"{sum(report.collective_bytes.values()) / 2**20:.4g} MiB{loops}",
-                    f"{sum(report.dcn_bytes.values()) / 2**20:.4g} MiB" if report.dcn_bytes else "-"]
-        else:
-            memory = ["-", "-", f"NO at 1 row/shard: {aot.fits_verdict(report)}"]
-            work = ["-", "-", "-"]
-        above, next_up = row.not_fitting, "-"
-        if row.fits and above is not None:
-            next_up = f"{above.batch_size}: " + (
-                "XLA out of memory" if above.out_of_memory else f"{_size(above.needed_bytes)} GiB")
         label = (f"{row.candidate.data},{row.candidate.fsdp},{row.candidate.tensor}  {row.candidate.remat}  "
                  f"{'on' if row.candidate.scan_layers else 'off'}")
-        cells.append([label, str(row.rows_per_shard) if row.fits else "0", str(report.batch_size) if row.fits
-                      else "-", *memory, *work, next_up])
+        if report is None:
+            cells.append([label, "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", row.limit])
+            continue
+        loops = " *" if report.while_loops else ""
+        budget = hbm_bytes or report.hbm_bytes
+        if not row.fits:
+            cells.append([label, "0", "-", "-", f"NO at global batch {report.batch_size}: {aot.fits_verdict(report)}",
+                          "-", "-", "-", "-", "-", "-", "-", "-", "memory"])
+            continue
+        next_up = ""
+        if row.not_fitting is not None:
+            above = row.not_fitting
+            next_up = f" ({above.batch_size}: " + (
+                "XLA out of memory)" if above.out_of_memory else f"{_size(above.needed_bytes)} GiB)")
+        cells.append([
+            label, str(row.rows_per_shard), str(row.accum_steps), str(row.global_batch),
+            f"{_size(report.needed_bytes)} / {_size(budget)} ({report.needed_bytes / budget:.0%})",
+            f"{report.flops_per_device / 1e12:.4g}{loops}",
+            f"{sum(report.collective_bytes.values()) / 2**20:.4g} MiB{loops}",
+            f"{sum(report.dcn_bytes.values()) / 2**20:.4g} MiB" if report.dcn_bytes else "-",
+            f"{row.seconds:.4g}", f"{row.sequences_per_s_per_chip:.4g}",
+            f"{row.mfu(chip):.0%}" if chip else "-", row.bound,
+            f"{row.xla_optimal_s * row.accum_steps:.3g}" if row.xla_optimal_s else "-",
+            row.limit + next_up])
     widths = [max(len(line[column]) for line in cells) for column in range(len(header))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in cells]
     lines.insert(1, "-" * len(lines[0]))
-    lines.append(f"Memory in GiB per chip, at the largest batch that leaves {headroom:.0%} of HBM free; all figures "
-                 "are XLA's for the compiled step (no throughput is modelled). * while loops: FLOPs and collectives "
-                 "count their bodies once.")
+    lines.append(
+        f"Memory in GiB per chip, leaving {headroom:.0%} of HBM free. step s: predicted seconds per optimizer step "
+        "from XLA's figures for the compiled step (bert_jax.chips): the traffic that does not grow with the batch at "
+        "HBM bandwidth, then the larger of the rest's FLOPs / peak and bytes / HBM bandwidth, then collectives / ICI "
+        "and transfers / DCN bandwidth. XLA s: XLA's own cost_analysis optimal_seconds, beside it (negative where "
+        "XLA could not cost an instruction). * while loops: XLA counts their bodies once (the prediction scales "
+        "them up).")
     return "\n".join(lines)
 
 
 def run(config, topology: str, num_slices: int, cache_dir: str, headroom: float, remats, scans, hbm_bytes: int = 0,
-        meshes=None, resolution: float = RESOLUTION, print_fn=print) -> PlanRow | None:
+        meshes=None, resolution: float = RESOLUTION, print_fn=print, saturation: float = SATURATION,
+        target_batch: int = 0) -> PlanRow | None:
     """The --plan command: searches, prints the table and the flags of the best row; returns that row."""
     start = time.perf_counter()
     print_fn = functools.partial(print_fn, flush=True) if print_fn is print else print_fn
     cache = ReportCache(cache_dir)
-    rows = plan(config, topology, num_slices, cache, headroom, remats, scans, hbm_bytes, print_fn, meshes, resolution)
+    rows = plan(config, topology, num_slices, cache, headroom, remats, scans, hbm_bytes, print_fn, meshes, resolution,
+                saturation, target_batch)
     where = topology if num_slices == 1 else f"{num_slices} x {topology}"
-    print_fn(f"\nplan for {where}, {config.model.num_layers} layers x {config.model.hidden_size}, seq "
-             f"{config.data.max_seq_length}, {rows[0].report.dtype}:")
-    print_fn(format_plan(rows, headroom, hbm_bytes))
+    chip = chip_of(topology)
+    dtype = next((row.report.dtype for row in rows if row.report is not None), config.model.dtype)
+    print_fn(f"\nplan for {where} ({chip.name}: {chip.peak_flops / 1e12:.0f} TFLOP/s, {chip.hbm_bytes_per_s / 1e9:.0f} "
+             f"GB/s HBM, {chip.ici_bytes_per_s / 1e9:.0f} GB/s all-reduce per chip), {config.model.num_layers} layers "
+             f"x {config.model.hidden_size}, seq {config.data.max_seq_length}, {dtype}"
+             + (f", global batch {target_batch}" if target_batch else "") + ":")
+    print_fn(format_plan(rows, headroom, hbm_bytes, chip))
     chosen = best(rows)
     compiles = sum(row.compiles for row in rows)
     print_fn(f"{compiles} configurations ({compiles - cache.hits} compiled, {cache.hits} from the cache "
@@ -285,7 +512,7 @@ def run(config, topology: str, num_slices: int, cache_dir: str, headroom: float,
         print_fn(f"nothing fits {where} with {headroom:.0%} headroom, even at one row per shard: more chips, a "
                  "smaller model or a shorter sequence")
     else:
-        print_fn(f"largest batch with {headroom:.0%} headroom: {chosen.candidate.label}, global batch "
-                 f"{chosen.report.batch_size}\n{flags(chosen, num_slices)}")
+        print_fn(f"fastest predicted: {chosen.candidate.label}, global batch {chosen.global_batch}"
+                 + (f" ({chosen.accum_steps} accumulated micro-batches)" if chosen.accum_steps > 1 else "")
+                 + f", {chosen.sequences_per_s_per_chip:.4g} sequences/s per chip\n{flags(chosen, num_slices)}")
     return chosen
-

@@ -14,6 +14,7 @@ import jax
 import pytest
 
 from bert_jax import aot
+from bert_jax import chips
 from bert_jax import model as model_lib
 from configs import pretrain
 
@@ -93,6 +94,8 @@ def test_compiled_step_flops_match_the_model_per_chip():
     executed = model_lib.step_matmul_flops_per_sequence(model_config, 128, 20) * rows_per_chip
     assert report.executed_flops_per_device == pytest.approx(executed) and executed < expected
     assert report.flops_per_device == compiled.cost_analysis()["flops"]
+    # XLA's traffic for the program, which the planner's step time reads: at least the state shard read and written.
+    assert report.bytes_accessed >= 2 * _state_shard_bytes(config)
     # The compiled step is forward + backward (the matmuls the step executes: model_flops_per_sequence's less the
     # last layer's rows the heads do not read) plus the work the matmul count leaves out: dropout bits, softmax,
     # LayerNorm, GELU and the AdamW update (measured 1.19 here). A wrong batch (2x), a step replicated over an axis
@@ -156,6 +159,10 @@ def test_cli_prints_the_table():
     result = _run_cli(f"--topology={TOPOLOGY}", "--config.model.num_layers=1", "--config.model.vocab_size=512",
                       "--config.train.batch_size=8")
     assert result.returncode == 0, result.stderr[-3000:]
+    # None of libtpu's or JAX's start-up complaints about the host not being a TPU VM.
+    for noise in ("Failed to find host bounds", "Logging before InitGoogle", "Unable to initialize backend",
+                  "TPU_WORKER_HOSTNAMES"):
+        assert noise not in result.stderr, result.stderr[-3000:]
     lines = dict(re.split(r"\s{2,}", line, maxsplit=1) for line in result.stdout.splitlines()
                  if re.search(r"\S\s{2,}\S", line))
     assert lines["topology"] == TOPOLOGY
@@ -253,9 +260,14 @@ def test_planner_finds_a_batch_the_plain_compile_confirms_and_rejects_the_next(t
         assert planner.fits_with_headroom(plain, headroom, budget) is fits, (plain.batch_size, plain.needed_bytes)
     assert planner.flags(row, 1) == ("--config.mesh.dcn_data=1 --config.mesh.data=1 --config.mesh.fsdp=2 "
                                      "--config.mesh.tensor=2 --config.model.remat=none --config.model.scan_layers="
-                                     f"False --config.train.batch_size={row.report.batch_size}")
-    table = planner.format_plan([row], headroom, budget)
-    assert re.search(rf"^1,2,2  none  off +{row.rows_per_shard} +{row.report.batch_size} .* / 0\.0625 \(", table,
+                                     f"False --config.train.batch_size={row.report.batch_size} "
+                                     "--config.optim.grad_accum_steps=1")
+    # The predicted time is the roofline of XLA's own figures for the compiled step.
+    estimate = planner.predict(row.report, chips.CHIPS["v5e"])
+    assert row.seconds == estimate.seconds > 0
+    assert row.sequences_per_s_per_chip == pytest.approx(row.report.batch_size / row.seconds / 4)
+    table = planner.format_plan([row], headroom, budget, chips.CHIPS["v5e"])
+    assert re.search(rf"^1,2,2  none  off +{row.rows_per_shard} +1 +{row.report.batch_size} .* / 0\.0625 \(", table,
                      re.MULTILINE), table
     hits = cache.hits
     assert planner.search(config, candidate, TOPOLOGY, 1, cache, headroom, budget, resolution=0.5) == row

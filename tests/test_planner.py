@@ -1,0 +1,146 @@
+"""The planner's search (bert_jax.planner) on made-up compilers, whose memory and work per batch are known, and its
+step-time model (bert_jax.chips). The real compiles are in tests/test_aot.py."""
+
+import dataclasses
+import math
+
+import pytest
+
+from bert_jax import aot
+from bert_jax import chips
+from bert_jax import planner
+
+TOPOLOGY = "v5e:2x2"
+V5E = chips.CHIPS["v5e"]
+CANDIDATE = planner.Candidate(data=4, fsdp=1, tensor=1, remat="none", scan_layers=False)
+GIB = aot.GIB
+
+
+def _report(rows: int, accum: int = 1, *, fixed_bytes: float = 2 * GIB, bytes_per_row: float = 0.05 * GIB,
+            curve: float = 0.0, flops_per_row: float = 1e11, fixed_traffic: float = 4e9,
+            traffic_per_row: float = 1e7, shards: int = 4) -> aot.AotReport:
+    """A compiled step whose memory is fixed_bytes + bytes_per_row * rows (+ curve * rows^2: not quite affine),
+    with accumulation adding one more copy of the fixed part (the gradient sum)."""
+    needed = fixed_bytes + bytes_per_row * rows + curve * rows * rows + (fixed_bytes if accum > 1 else 0)
+    return aot.AotReport(
+        topology=TOPOLOGY, device_kind="TPU v5 lite", num_chips=4, num_hosts=1,
+        mesh={"dcn_data": 1, "data": 4, "fsdp": 1, "tensor": 1}, batch_size=rows * accum * shards, seq_length=128,
+        dtype="bfloat16", num_params=110_000_000, argument_bytes=int(needed), output_bytes=0, alias_bytes=0,
+        temp_bytes=0, generated_code_bytes=0, xla_peak_bytes=int(needed), flops_per_device=flops_per_row * rows,
+        while_loops=1 if accum > 1 else 0, model_flops_per_device=0.9 * flops_per_row * rows,
+        executed_flops_per_device=0.85 * flops_per_row * rows, hbm_bytes=16 * GIB, lower_seconds=0.0,
+        compile_seconds=1.0, bytes_accessed=fixed_traffic + traffic_per_row * rows)
+
+
+class Compiler:
+    """compile_at for planner.search, counting what it was asked."""
+
+    def __init__(self, **shape):
+        self.shape, self.calls = shape, []
+
+    def __call__(self, rows, accum):
+        self.calls.append((rows, accum))
+        return _report(rows, accum, **self.shape)
+
+
+def _largest_fitting(compiler: Compiler, headroom: float) -> int:
+    rows = 1
+    while planner.fits_with_headroom(_report(rows + 1, **compiler.shape), headroom, 0):
+        rows += 1
+    return rows
+
+
+@pytest.mark.parametrize("curve", [0.0, 2e-5 * GIB])
+def test_memory_limited_search_finds_the_largest_batch_in_a_few_compiles(curve):
+    # Memory 2 GiB + 0.05 GiB per row: 14.4 GiB (90% of 16) holds 248 rows; with the curve, fewer.
+    compiler = Compiler(curve=curve, flops_per_row=1e9, fixed_traffic=1e9)  # fast rows: never throughput-limited
+    row = planner.search(None, CANDIDATE, TOPOLOGY, 1, planner.ReportCache(""), 0.1, compile_at=compiler)
+    best = _largest_fitting(compiler, 0.1)
+    assert row.limit == "memory" and row.fits
+    assert best * (1 - 1 / 8) <= row.rows_per_shard <= best
+    assert not planner.fits_with_headroom(row.not_fitting, 0.1)
+    assert row.not_fitting.batch_size // 4 <= row.rows_per_shard * (1 + 1 / 8) + 1
+    # Doubling from 8 and bisecting to 1/8 takes 9 compiles here; the lines need the two probes and two more,
+    # none much larger than the answer.
+    assert len(compiler.calls) == 4, compiler.calls
+    assert max(rows for rows, _ in compiler.calls) <= best * (1 + 1 / 8) + 1
+    fine = Compiler(curve=curve, flops_per_row=1e9, fixed_traffic=1e9)
+    row = planner.search(None, CANDIDATE, TOPOLOGY, 1, planner.ReportCache(""), 0.1, compile_at=fine,
+                         resolution=1 / 64)
+    assert best * (1 - 1 / 64) <= row.rows_per_shard <= best and len(fine.calls) <= 10, fine.calls
+
+
+def test_a_batch_past_saturation_is_not_searched():
+    # Each row costs 1e11 FLOPs (0.51 ms at 197 TFLOP/s); the fixed 1 GB of traffic 1.2 ms: 98% of the ceiling is
+    # reached at 0.98/0.02 * 1.2/0.51 = ~117 rows, before the memory limit (248).
+    compiler = Compiler(fixed_traffic=1e9, traffic_per_row=0.0)
+    row = planner.search(None, CANDIDATE, TOPOLOGY, 1, planner.ReportCache(""), 0.1, compile_at=compiler)
+    intercept = 1e9 / V5E.hbm_bytes_per_s
+    slope = 1e11 / V5E.peak_flops
+    expected = math.floor(0.98 * intercept / (slope * 0.02))
+    assert row.limit == "throughput" and row.rows_per_shard == expected and len(compiler.calls) == 3
+    assert row.seconds == pytest.approx(intercept + slope * expected) and row.bound == "compute"
+    assert row.ceiling_rows_per_s == pytest.approx(1 / slope)
+    assert row.sequences_per_s_per_chip == pytest.approx(expected * 4 / row.seconds / 4)
+
+
+def test_a_target_batch_is_reached_by_the_largest_micro_batch_that_fits_and_accumulation():
+    compiler = Compiler(flops_per_row=1e9)  # memory-limited at 248 rows per shard (see above)
+    row = planner.search(None, CANDIDATE, TOPOLOGY, 1, planner.ReportCache(""), 0.1, compile_at=compiler,
+                         target_rows=1024)
+    # The micro-batch divides 1024; the largest such under 248 rows is 128; the accumulating step is compiled too.
+    assert (row.rows_per_shard, row.accum_steps, row.global_batch) == (128, 8, 4096)
+    assert (128, 8) in compiler.calls and planner.fits_with_headroom(_report(128, 8), 0.1)
+    micro = chips.estimate(V5E, 1e9 * 128, 4e9 + 1e7 * 128, fixed_bytes=4e9)
+    assert row.seconds == pytest.approx(8 * micro.seconds)
+    assert planner.flags(row, 1).endswith("--config.train.batch_size=4096 --config.optim.grad_accum_steps=8")
+    # A target that fits whole needs no accumulation.
+    small = planner.search(None, CANDIDATE, TOPOLOGY, 1, planner.ReportCache(""), 0.1,
+                           compile_at=Compiler(flops_per_row=1e9), target_rows=64)
+    assert (small.rows_per_shard, small.accum_steps, small.limit) == (64, 1, "target")
+
+
+def test_nothing_fits_is_a_row_without_a_batch():
+    compiler = Compiler(fixed_bytes=15 * GIB)
+    row = planner.search(None, CANDIDATE, TOPOLOGY, 1, planner.ReportCache(""), 0.1, compile_at=compiler)
+    assert not row.fits and row.report.batch_size == 4 and (1, 1) in compiler.calls
+
+
+def test_estimate_is_a_roofline_plus_transfers():
+    compute_bound = chips.estimate(V5E, flops=197e12, bytes_accessed=819e9 / 2, collective_bytes=200e9 / 4,
+                                   dcn_bytes=V5E.dcn_bytes_per_s / 10)
+    assert compute_bound.seconds == pytest.approx(1 + 0.25 + 0.1) and compute_bound.bound == "compute"
+    memory_bound = chips.estimate(V5E, flops=197e12 / 10, bytes_accessed=819e9)
+    assert memory_bound.seconds == pytest.approx(1.0) and memory_bound.bound == "HBM"
+    # The traffic that does not grow with the batch (the optimizer's) does not hide under the matmuls: 1 s of it,
+    # then the larger of 1 s of compute and the other 0.5 s of traffic.
+    two_phases = chips.estimate(V5E, flops=197e12, bytes_accessed=1.5 * 819e9, fixed_bytes=819e9)
+    assert two_phases.seconds == pytest.approx(2.0) and two_phases.on_chip_s == pytest.approx(2.0)
+
+
+def test_loops_scale_the_counted_work_up_to_the_executed_matmuls():
+    report = dataclasses.replace(_report(64), while_loops=2, flops_per_device=1e12, executed_flops_per_device=4e12,
+                                 bytes_accessed=1e9, collective_bytes={"all-gather": 1 << 20})
+    estimate = planner.predict(report, V5E)
+    assert estimate.compute_s == pytest.approx(4e12 / V5E.peak_flops)
+    assert estimate.memory_s == pytest.approx(4e9 / V5E.hbm_bytes_per_s)
+    assert estimate.ici_s == pytest.approx(4 * (1 << 20) / V5E.ici_bytes_per_s)
+    loop_free = dataclasses.replace(report, while_loops=0)
+    assert planner.predict(loop_free, V5E).compute_s == pytest.approx(1e12 / V5E.peak_flops)
+
+
+def test_candidates_that_cannot_win_are_skipped():
+    """Recomputation behind a step that is not memory-limited, and a scanned step where the unrolled one fits."""
+    base = dict(data=4, fsdp=1, tensor=1)
+    none = planner.PlanRow(planner.Candidate(**base, remat="none", scan_layers=False), 64, _report(64), None, 3,
+                           limit="throughput", seconds=0.1, ceiling_rows_per_s=700.0)
+    matmuls = planner.Candidate(**base, remat="matmuls", scan_layers=False)
+    assert "remat=none already reaches" in planner._cannot_win(matmuls, [none])
+    scanned = planner.Candidate(**base, remat="none", scan_layers=True)
+    assert "scan=off fits" in planner._cannot_win(scanned, [none])
+    # Memory-limited, far below its ceiling (640 rows/s of 700): recomputation may pay; within 1% it cannot.
+    limited = dataclasses.replace(none, limit="memory")
+    assert planner._cannot_win(matmuls, [limited]) == ""
+    assert "within 1%" in planner._cannot_win(matmuls, [dataclasses.replace(limited, ceiling_rows_per_s=645.0)])
+    other_mesh = planner.Candidate(data=1, fsdp=4, tensor=1, remat="matmuls", scan_layers=False)
+    assert planner._cannot_win(other_mesh, [none]) == ""

@@ -134,5 +134,9 @@ def test_the_driver_sets_the_libtpu_option_unsafe_rbg_needs_and_no_other():
         "--xla_tpu_spmd_rng_bit_generator_unsafe=false"  # the user's own setting wins
     for choice in ("threefry", "rbg"):
         assert train.with_libtpu_options("--a=1", choice) == "--a=1"
+    # auto is unsafe_rbg on a TPU (and threefry on the CPU and GPUs), so the driver sets the option for it too.
+    assert train.with_libtpu_options("", "auto") == option
+    assert [train.dropout_rng_name("auto", platform) for platform in ("tpu", "gpu", "cpu")] == \
+        ["unsafe_rbg", "threefry", "threefry"]
     with pytest.raises(ValueError, match=r"--config.train.dropout_rng='philox': choose auto or one of"):
         train.validate_dropout_rng("philox")

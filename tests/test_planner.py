@@ -16,11 +16,21 @@ CANDIDATE = planner.Candidate(data=4, fsdp=1, tensor=1, remat="none", scan_layer
 GIB = aot.GIB
 
 
-def _report(rows: int, accum: int = 1, *, fixed_bytes: float = 2 * GIB, bytes_per_row: float = 0.05 * GIB,
-            curve: float = 0.0, flops_per_row: float = 1e11, fixed_traffic: float = 4e9,
-            traffic_per_row: float = 1e7, shards: int = 4) -> aot.AotReport:
-    """A compiled step whose memory is fixed_bytes + bytes_per_row * rows (+ curve * rows^2: not quite affine),
-    with accumulation adding one more copy of the fixed part (the gradient sum)."""
+LAYERS = 12
+
+
+def _report(rows: int, accum: int = 1, depth: int = 0, *, fixed_bytes: float = 2 * GIB,
+            bytes_per_row: float = 0.05 * GIB, curve: float = 0.0, flops_per_row: float = 1e11,
+            fixed_traffic: float = 4e9, traffic_per_row: float = 1e7, shards: int = 4,
+            deep_extra: float = 0.0) -> aot.AotReport:
+    """A compiled step of a LAYERS-deep model whose memory is fixed_bytes + bytes_per_row * rows (+ curve * rows^2:
+    not quite affine), with accumulation adding one more copy of the fixed part (the gradient sum). At `depth`
+    layers (0: all), a quarter of the fixed memory is the embeddings' and everything else shrinks with the depth;
+    `deep_extra` is memory only the full-depth compile shows."""
+    share = depth / LAYERS if depth else 1.0
+    fixed_bytes = fixed_bytes * (0.25 + 0.75 * share) + (0 if depth else deep_extra)
+    bytes_per_row, flops_per_row, traffic_per_row = (bytes_per_row * share, flops_per_row * share,
+                                                     traffic_per_row * share)
     needed = fixed_bytes + bytes_per_row * rows + curve * rows * rows + (fixed_bytes if accum > 1 else 0)
     return aot.AotReport(
         topology=TOPOLOGY, device_kind="TPU v5 lite", num_chips=4, num_hosts=1,
@@ -38,9 +48,15 @@ class Compiler:
     def __init__(self, **shape):
         self.shape, self.calls = shape, []
 
-    def __call__(self, rows, accum):
-        self.calls.append((rows, accum))
-        return _report(rows, accum, **self.shape)
+    def __call__(self, rows, accum, depth):
+        self.calls.append((rows, accum) if not depth else (rows, accum, depth))
+        return _report(rows, accum, depth, **self.shape)
+
+
+def _search(compiler, num_layers=2, **options):
+    """planner.search over `compiler` for a model of `num_layers` (2: compiled at its own depth)."""
+    return planner.search(None, CANDIDATE, TOPOLOGY, 1, planner.ReportCache(""), 0.1, compile_at=compiler,
+                          num_layers=num_layers, **options)
 
 
 def _largest_fitting(compiler: Compiler, headroom: float) -> int:
@@ -54,7 +70,7 @@ def _largest_fitting(compiler: Compiler, headroom: float) -> int:
 def test_memory_limited_search_finds_the_largest_batch_in_a_few_compiles(curve):
     # Memory 2 GiB + 0.05 GiB per row: 14.4 GiB (90% of 16) holds 248 rows; with the curve, fewer.
     compiler = Compiler(curve=curve, flops_per_row=1e9, fixed_traffic=1e9)  # fast rows: never throughput-limited
-    row = planner.search(None, CANDIDATE, TOPOLOGY, 1, planner.ReportCache(""), 0.1, compile_at=compiler)
+    row = _search(compiler)
     best = _largest_fitting(compiler, 0.1)
     assert row.limit == "memory" and row.fits
     assert best * (1 - 1 / 8) <= row.rows_per_shard <= best
@@ -65,8 +81,7 @@ def test_memory_limited_search_finds_the_largest_batch_in_a_few_compiles(curve):
     assert len(compiler.calls) == 4, compiler.calls
     assert max(rows for rows, _ in compiler.calls) <= best * (1 + 1 / 8) + 1
     fine = Compiler(curve=curve, flops_per_row=1e9, fixed_traffic=1e9)
-    row = planner.search(None, CANDIDATE, TOPOLOGY, 1, planner.ReportCache(""), 0.1, compile_at=fine,
-                         resolution=1 / 64)
+    row = _search(fine, resolution=1 / 64)
     assert best * (1 - 1 / 64) <= row.rows_per_shard <= best and len(fine.calls) <= 10, fine.calls
 
 
@@ -74,7 +89,7 @@ def test_a_batch_past_saturation_is_not_searched():
     # Each row costs 1e11 FLOPs (0.51 ms at 197 TFLOP/s); the fixed 1 GB of traffic 1.2 ms: 98% of the ceiling is
     # reached at 0.98/0.02 * 1.2/0.51 = ~117 rows, before the memory limit (248).
     compiler = Compiler(fixed_traffic=1e9, traffic_per_row=0.0)
-    row = planner.search(None, CANDIDATE, TOPOLOGY, 1, planner.ReportCache(""), 0.1, compile_at=compiler)
+    row = _search(compiler)
     intercept = 1e9 / V5E.hbm_bytes_per_s
     slope = 1e11 / V5E.peak_flops
     expected = math.floor(0.98 * intercept / (slope * 0.02))
@@ -86,8 +101,7 @@ def test_a_batch_past_saturation_is_not_searched():
 
 def test_a_target_batch_is_reached_by_the_largest_micro_batch_that_fits_and_accumulation():
     compiler = Compiler(flops_per_row=1e9)  # memory-limited at 248 rows per shard (see above)
-    row = planner.search(None, CANDIDATE, TOPOLOGY, 1, planner.ReportCache(""), 0.1, compile_at=compiler,
-                         target_rows=1024)
+    row = _search(compiler, target_rows=1024)
     # The micro-batch divides 1024; the largest such under 248 rows is 128; the accumulating step is compiled too.
     assert (row.rows_per_shard, row.accum_steps, row.global_batch) == (128, 8, 4096)
     assert (128, 8) in compiler.calls and planner.fits_with_headroom(_report(128, 8), 0.1)
@@ -95,14 +109,13 @@ def test_a_target_batch_is_reached_by_the_largest_micro_batch_that_fits_and_accu
     assert row.seconds == pytest.approx(8 * micro.seconds)
     assert planner.flags(row, 1).endswith("--config.train.batch_size=4096 --config.optim.grad_accum_steps=8")
     # A target that fits whole needs no accumulation.
-    small = planner.search(None, CANDIDATE, TOPOLOGY, 1, planner.ReportCache(""), 0.1,
-                           compile_at=Compiler(flops_per_row=1e9), target_rows=64)
+    small = _search(Compiler(flops_per_row=1e9), target_rows=64)
     assert (small.rows_per_shard, small.accum_steps, small.limit) == (64, 1, "target")
 
 
 def test_nothing_fits_is_a_row_without_a_batch():
     compiler = Compiler(fixed_bytes=15 * GIB)
-    row = planner.search(None, CANDIDATE, TOPOLOGY, 1, planner.ReportCache(""), 0.1, compile_at=compiler)
+    row = _search(compiler)
     assert not row.fits and row.report.batch_size == 4 and (1, 1) in compiler.calls
 
 
@@ -144,3 +157,25 @@ def test_candidates_that_cannot_win_are_skipped():
     assert "within 1%" in planner._cannot_win(matmuls, [dataclasses.replace(limited, ceiling_rows_per_s=645.0)])
     other_mesh = planner.Candidate(data=1, fsdp=4, tensor=1, remat="matmuls", scan_layers=False)
     assert planner._cannot_win(other_mesh, [none]) == ""
+
+
+def test_a_deep_model_is_searched_on_shallow_compiles_and_confirmed_at_its_depth():
+    compiler = Compiler(flops_per_row=1e9, fixed_traffic=1e9)  # memory-limited at 248 rows per shard
+    row = _search(compiler, num_layers=LAYERS)
+    # Only the four shallow compiles: 8 and 32 rows at 2 and 3 layers; the rest is their lines.
+    assert sorted(compiler.calls) == [(8, 1, 2), (8, 1, 3), (32, 1, 2), (32, 1, 3)]
+    assert not row.confirmed and row.limit == "memory"
+    full = _report(row.rows_per_shard, flops_per_row=1e9, fixed_traffic=1e9)
+    assert row.report.needed_bytes == pytest.approx(full.needed_bytes, rel=1e-6)
+    assert row.report.flops_per_device == pytest.approx(full.flops_per_device)
+    assert 248 * (1 - 1 / 8) <= row.rows_per_shard <= 248
+    confirmed = planner.confirm(None, row, TOPOLOGY, 1, planner.ReportCache(""), 0.1, compile_at=compiler)
+    assert confirmed.confirmed and confirmed.rows_per_shard == row.rows_per_shard
+    assert compiler.calls[-1] == (row.rows_per_shard, 1) and confirmed.report == full
+    # Where the full depth needs 1 GiB more than the lines say, the confirmation steps down to what fits.
+    heavier = Compiler(flops_per_row=1e9, fixed_traffic=1e9, deep_extra=GIB)
+    confirmed = planner.confirm(None, row, TOPOLOGY, 1, planner.ReportCache(""), 0.1, compile_at=heavier)
+    assert confirmed.confirmed and confirmed.limit == "memory" and len(heavier.calls) == 2
+    assert 0.9 * 228 <= confirmed.rows_per_shard <= 228  # (14.4 - 3 GiB) / 0.05 GiB per row
+    assert planner.fits_with_headroom(confirmed.report, 0.1)
+    assert not planner.fits_with_headroom(confirmed.not_fitting, 0.1)

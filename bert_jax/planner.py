@@ -79,7 +79,7 @@ class PlanRow:
     bound: str = ""
     xla_optimal_s: float = 0.0  # XLA's own time for the compiled micro-step (cost_analysis "optimal_seconds")
     ceiling_rows_per_s: float = 0.0  # rows per second per shard at an unbounded batch, by the step-time line
-    confirmed: bool = True  # compiled at the model's own depth (else extrapolated from shallower compiles)
+    confirmed: bool = True  # compiled as it is (else extrapolated from compiles at other batches or depths)
     fixed_bytes: float = 0.0  # bytes accessed that do not grow with the batch (fixed_traffic)
     bytes_per_row: float = 0.0  # memory per row per shard, by the line through the two smallest batches
     target_rows: int = 0  # rows per shard per optimizer step asked for (--plan_batch); 0: free
@@ -274,16 +274,26 @@ def search(config, candidate: Candidate, topology: str, num_slices: int, cache: 
         return next((d for d in allowed if d > rows), None)
 
     probes = sorted({at_most(PROBE_ROWS[0]), at_most(PROBE_ROWS[1])})
+    # The compiles every figure below is extrapolated from: two batches, at two shallow depths for a deep model.
+    depths = PROBE_DEPTHS if num_layers > PROBE_DEPTHS[-1] else (0,)
     shallow = None
-    if num_layers > PROBE_DEPTHS[-1] and len(probes) == 2:
-        shallow = {(rows, depth): compile_once(rows, 1, depth) for depth in PROBE_DEPTHS for rows in probes}
+    if len(probes) == 2:
+        shallow = {(rows, depth): compile_once(rows, 1, depth) for depth in depths for rows in probes}
         if any(report.out_of_memory for report in shallow.values()):
-            shallow = None  # too large to extrapolate from: compile at the model's own depth
+            shallow = None  # XLA refused one: no line to follow; compile at the model's own depth instead
+
+    real: set[int] = set()  # batches whose report is a compile of the step as it is (not extrapolated)
 
     def measure(rows: int) -> tuple[bool, aot.AotReport]:
-        report = (extrapolate(shallow, probes, PROBE_DEPTHS, rows, num_layers) if shallow is not None
-                  else compile_once(rows))
+        if shallow is None or (depths == (0,) and rows in probes):
+            report = compile_once(rows)
+            real.add(rows)
+        else:
+            report = extrapolate(shallow, probes, depths, rows, num_layers)
         return fits_with_headroom(report, headroom, budget), report
+
+    def compiled_at(rows: int) -> bool:
+        return rows in real
 
     # Two small batches: the lines for memory and step time.
     low, high, reports, last = 0, None, {}, 0
@@ -348,23 +358,31 @@ def search(config, candidate: Candidate, topology: str, num_slices: int, cache: 
             low = rows
         else:
             high = rows
+    if low == 0 and high is not None and not compiled_at(high):
+        # Nothing fits by the lines: a compile at the smallest batch says so for certain (or finds that it fits).
+        reports[high] = compile_once(high)
+        real.add(high)
+        if fits_with_headroom(reports[high], headroom, budget):
+            low, high = high, None
     not_fitting = reports.get(high) if high is not None else None
     bytes_per_row = 0.0
     if len(probes) == 2 and probes[-1] in reports:
         bytes_per_row = _line(probes[0], reports[probes[0]].needed_bytes, probes[1], reports[probes[1]].needed_bytes)[1]
     if low == 0:
         return PlanRow(candidate, 0, not_fitting, not_fitting, len(compiled), limit="memory",
-                       confirmed=shallow is None)
+                       confirmed=high is None or compiled_at(high))
     accum = target_rows // low if target_rows else 1
     report = reports[low]
+    confirmed = compiled_at(low) and accum == 1
     if accum > 1 and shallow is None:  # the memory of the real accumulating step; its time is accum micro-steps'
         accumulated = compile_once(low, accum)
         if not fits_with_headroom(accumulated, headroom, budget):
             return PlanRow(candidate, 0, accumulated, accumulated, len(compiled), limit="memory")
+        confirmed = True
     estimate = predict(report, chip, fixed)
     return PlanRow(candidate, low, report, not_fitting, len(compiled), accum_steps=accum, limit=limit,
                    seconds=estimate.seconds * accum, bound=estimate.bound, xla_optimal_s=report.optimal_seconds,
-                   ceiling_rows_per_s=1 / slope_s if slope_s > 0 else 0.0, confirmed=shallow is None,
+                   ceiling_rows_per_s=1 / slope_s if slope_s > 0 else 0.0, confirmed=confirmed,
                    fixed_bytes=fixed, bytes_per_row=bytes_per_row, target_rows=target_rows)
 
 
@@ -395,17 +413,20 @@ _EXTRAPOLATED = ("argument_bytes", "output_bytes", "alias_bytes", "temp_bytes", 
 def extrapolate(shallow: dict[tuple[int, int], aot.AotReport], rows_probed: list[int], depths: tuple[int, ...],
                 rows: int, num_layers: int) -> aot.AotReport:
     """The report of a `num_layers`-deep step at `rows` per shard, from compiles of the same step at two batches
-    (`rows_probed`) and two depths: each figure on the line through the batches at each depth, then on the line
-    through the depths. Compile time fields are 0: nothing was compiled at this size."""
-    (r1, r2), (d1, d2) = rows_probed, depths
+    (`rows_probed`) and one depth (`depths` (0,): the model's own) or two: each figure on the line through the
+    batches at each depth, then on the line through the depths. Compile time fields are 0: nothing was compiled
+    at this size."""
+    r1, r2 = rows_probed
 
     def value(get) -> float:
-        at_depth = [_line(r1, get(shallow[r1, depth]), r2, get(shallow[r2, depth])) for depth in (d1, d2)]
-        first, second = (intercept + slope * rows for intercept, slope in at_depth)
-        intercept, slope = _line(d1, first, d2, second)
-        return max(0.0, intercept + slope * num_layers)
+        at_depth = [_line(r1, get(shallow[r1, depth]), r2, get(shallow[r2, depth])) for depth in depths]
+        values = [intercept + slope * rows for intercept, slope in at_depth]
+        if len(depths) == 2:
+            intercept, slope = _line(depths[0], values[0], depths[1], values[1])
+            values = [intercept + slope * num_layers]
+        return max(0.0, values[0])
 
-    base = shallow[r2, d2]
+    base = shallow[r2, depths[-1]]
     fields = {name: value(lambda report, name=name: getattr(report, name)) for name in _EXTRAPOLATED}
     for name in ("argument_bytes", "output_bytes", "alias_bytes", "temp_bytes", "generated_code_bytes",
                  "xla_peak_bytes", "num_params"):
@@ -423,40 +444,61 @@ def extrapolate(shallow: dict[tuple[int, int], aot.AotReport], rows_probed: list
 
 def confirm(config, row: PlanRow, topology: str, num_slices: int, cache: ReportCache, headroom: float,
             hbm_bytes: int = 0, log: Callable[[str], None] = lambda line: None,
-            compile_at: Callable[[int, int, int], aot.AotReport] | None = None, attempts: int = 4) -> PlanRow:
-    """`row`, searched on extrapolated figures, compiled at the model's own depth: where it does not fit, smaller
-    by the memory line shifted to what the compile found, at most `attempts` compiles. Its step time becomes the
-    compiled step's (with accumulation: the extrapolated micro-step's, the compile giving the memory)."""
+            compile_at: Callable[[int, int, int], aot.AotReport] | None = None, attempts: int = 4,
+            resolution: float = RESOLUTION) -> PlanRow:
+    """`row`, searched on extrapolated figures, compiled as it is. Where it does not fit: smaller, first by the
+    memory line shifted to what the compile found, then between the compiled fit and misfit, at most `attempts`
+    compiles in all. Its step time becomes the compiled step's (with accumulation: the extrapolated micro-step's,
+    the compile giving the memory)."""
     chip = chip_of(topology)
     budget = hbm_bytes or chip.hbm_bytes
-    rows, accum, target_rows = row.rows_per_shard, row.accum_steps, row.target_rows
-    compiles, high = 0, None
-    while compiles < attempts and rows >= 1:
+    target = row.target_rows
+    allowed = [d for d in range(1, target + 1) if target % d == 0] if target else None
+
+    def at_most(rows: float) -> int:
+        rows = max(1, int(rows))
+        return max(d for d in allowed if d <= rows) if allowed else rows
+
+    rows, low, high = row.rows_per_shard, None, None  # (rows, report) of the largest compiled fit, smallest misfit
+    for done in range(1, attempts + 1):
+        accum = target // rows if target else 1
         report = _compile(config, row.candidate, topology, num_slices, cache, rows, accum, 0, compile_at)
-        compiles += 1
         _log_compile(log, row.candidate, rows, accum, 0, report, headroom, budget)
         if fits_with_headroom(report, headroom, budget):
-            if accum > 1:  # the time of accumulated micro-steps hardly depends on their size: the row's stands
-                return dataclasses.replace(
-                    row, rows_per_shard=rows, accum_steps=accum, compiles=row.compiles + compiles,
-                    report=dataclasses.replace(row.report, batch_size=report.batch_size // accum),
-                    limit=row.limit if high is None else "memory", not_fitting=high or row.not_fitting,
-                    confirmed=True)
-            estimate = predict(report, chip, row.fixed_bytes)
-            return dataclasses.replace(
-                row, rows_per_shard=rows, report=report, compiles=row.compiles + compiles,
-                limit=row.limit if high is None else "memory", not_fitting=high or row.not_fitting,
-                seconds=estimate.seconds, bound=estimate.bound, xla_optimal_s=report.optimal_seconds, confirmed=True)
-        high = report
-        excess = (report.needed_bytes - budget * (1 - headroom) if not report.out_of_memory
-                  else rows * row.bytes_per_row / 2)
-        shrink = math.ceil(excess / row.bytes_per_row) if row.bytes_per_row > 0 else rows // 2
-        rows -= max(1, shrink, math.ceil(rows * RESOLUTION))
-        if target_rows and rows >= 1:
-            rows = max(d for d in range(1, rows + 1) if target_rows % d == 0)
-            accum = target_rows // rows
-    return dataclasses.replace(row, rows_per_shard=0, report=high, not_fitting=high, compiles=row.compiles + compiles,
-                               limit="memory", confirmed=True)
+            low = (rows, report)
+        else:
+            high = (rows, report)
+        if low is not None and (high is None or high[0] - low[0] <= max(1, math.floor(low[0] * resolution))):
+            break
+        if low is not None:
+            guess = _memory_guess(low[0], low[1], high[0], high[1], budget * (1 - headroom))
+            guess = guess if low[0] < guess < high[0] else (low[0] + high[0]) // 2
+        else:
+            excess = (report.needed_bytes - budget * (1 - headroom) if not report.out_of_memory
+                      else rows * row.bytes_per_row / 2)
+            shrink = math.ceil(excess / row.bytes_per_row) if row.bytes_per_row > 0 else rows // 2
+            guess = rows - max(1, shrink)
+        following = at_most(guess) if guess >= 1 else 0
+        if not following or (low is not None and following <= low[0]) or (high is not None and following >= high[0]):
+            break
+        rows = following
+    count = done
+    if low is None:
+        return dataclasses.replace(row, rows_per_shard=0, report=high[1], not_fitting=high[1], limit="memory",
+                                   compiles=row.compiles + count, confirmed=True)
+    rows, report = low
+    limit = row.limit if high is None else "memory"
+    not_fitting = high[1] if high is not None else row.not_fitting
+    accum = target // rows if target else 1
+    if accum > 1:  # the time of accumulated micro-steps hardly depends on their size: the row's stands
+        return dataclasses.replace(
+            row, rows_per_shard=rows, accum_steps=accum, compiles=row.compiles + count, limit=limit,
+            report=dataclasses.replace(row.report, batch_size=report.batch_size // accum), not_fitting=not_fitting,
+            confirmed=True)
+    estimate = predict(report, chip, row.fixed_bytes)
+    return dataclasses.replace(row, rows_per_shard=rows, report=report, compiles=row.compiles + count, limit=limit,
+                               not_fitting=not_fitting, seconds=estimate.seconds, bound=estimate.bound,
+                               xla_optimal_s=report.optimal_seconds, confirmed=True)
 
 
 def _memory_guess(rows_a: int, report_a: aot.AotReport, rows_b: int, report_b: aot.AotReport, budget: float) -> int:
@@ -508,7 +550,8 @@ def plan(config, topology: str, num_slices: int = 1, cache: ReportCache | None =
         leader = best(rows)
         if leader is None or leader.confirmed:
             break
-        rows[rows.index(leader)] = confirm(config, leader, topology, num_slices, cache, headroom, hbm_bytes, log)
+        rows[rows.index(leader)] = confirm(config, leader, topology, num_slices, cache, headroom, hbm_bytes, log,
+                                           resolution=resolution)
     return rows
 
 
@@ -516,11 +559,8 @@ def _cannot_win(candidate: Candidate, done: list[PlanRow]) -> str:
     """Why `candidate` cannot be faster than a row already searched at the same mesh ("" if it may be)."""
     same_mesh = [row for row in done if (row.candidate.data, row.candidate.fsdp, row.candidate.tensor)
                  == (candidate.data, candidate.fsdp, candidate.tensor) and row.report is not None]
-    if candidate.scan_layers:
-        unrolled = [row for row in same_mesh if not row.candidate.scan_layers and row.candidate.remat
-                    == candidate.remat]
-        if unrolled and unrolled[0].fits:
-            return "scan=off fits (a loop saves compile time, not step time)"
+    if candidate.scan_layers and any(row.fits and not row.candidate.scan_layers for row in same_mesh):
+        return "scan=off fits (a loop saves compile time, not step time)"
     for row in same_mesh:
         if not row.fits or row.candidate.scan_layers != candidate.scan_layers:
             continue

@@ -2,24 +2,26 @@
 accumulation run fastest on a TPU slice (or several), found by compiling candidates ahead of time on any host.
 
 For every candidate (a split of each slice's chips over data, fsdp and tensor; a remat policy; scan_layers) it
-compiles the real step at two small batches per data-parallel shard. Memory, FLOPs and bytes are close to affine in
-the batch, so the two give a line for each: the memory line predicts the largest batch that leaves `headroom` of the
-HBM free, and the step-time line (bert_jax.chips.estimate on XLA's figures) the batch past which the chip's
-throughput cannot grow by more than a few percent (`saturation`). The planner compiles the smaller of the two and,
-when memory is what limits, the next size up, correcting the line with every compile (at worst it bisects), so a
-candidate costs about four compiles, each at a batch no larger than the answer.
+compiles the real step at two small batches per data-parallel shard (PROBE_ROWS), a model deeper than
+PROBE_DEPTHS at those depths too. Memory, FLOPs and bytes are close to linear in the batch and in the depth, so
+every other size is extrapolated from these compiles (`extrapolate`): the memory line gives the largest batch that
+leaves `headroom` of the HBM free, the step-time line (bert_jax.chips.estimate on XLA's figures) the batch past
+which the chip's throughput cannot grow by more than a few percent (`saturation`), and the smaller of the two is
+the candidate's answer. Then the candidates are compiled at their answers in order of predicted throughput until
+the fastest is one that was (`confirm`: one that does not fit steps down to what does).
 
 With `target_batch` (--plan_batch) the global batch is fixed: per candidate, the largest micro-batch that fits and
-divides it, the rest by gradient accumulation; the step time is then the accumulation steps times the micro step's.
+divides it, the rest by gradient accumulation; the step time is the accumulation steps times the micro-step's.
 
-Candidates that cannot win are not searched: a remat policy that recomputes more than one already found, where that
+Candidates that cannot win are not compiled: a remat policy that recomputes more than one already found, where that
 one is not limited by memory (the same batch with more FLOPs) or is within a percent of what any batch could give
-it; scan_layers on where the unrolled step fits (the same work in a loop: it saves compile time, not step time).
+it; scan_layers on where the unrolled step fits at that mesh (the same work in a loop: it saves compile time, not
+step time).
 
-Rows are ranked by predicted sequences per second per chip. Every figure but the prediction is the compiler's
-(bert_jax.aot.compile_train_step's AotReport). Each compiled configuration's report is kept as JSON under
-`cache_dir`, keyed by the whole config, the topology, the slice count, the jax/jaxlib/libtpu versions and
-CACHE_VERSION, so that a second plan compiles only what it has not seen.
+Every figure but the prediction is the compiler's (bert_jax.aot.compile_train_step's AotReport), extrapolated where
+the row is not `confirmed`. Each compiled configuration's report is kept as JSON under `cache_dir`, keyed by the
+whole config, the topology, the slice count, the jax/jaxlib/libtpu versions and CACHE_VERSION, so that a second plan
+compiles only what it has not seen.
 """
 
 import dataclasses

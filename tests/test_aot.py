@@ -193,6 +193,8 @@ def test_cli_bad_topology_names_the_flag():
     ([f"--topology={TOPOLOGY}", "--plan_meshes=2x1x1"], "--plan_meshes: 2x1x1 is 2 chips, but a slice has 4"),
     ([f"--topology={TOPOLOGY}", "--plan_remat=some"], "--plan_remat=some must name policies of"),
     ([f"--topology={TOPOLOGY}", "--plan_headroom=1.5"], "--plan_headroom=1.5: must be in [0, 1)"),
+    ([f"--topology={TOPOLOGY}", "--plan_batch=-256"], "--plan_batch=-256: must be positive"),
+    ([f"--topology={TOPOLOGY}", "--plan_saturation=0"], "--plan_saturation=0.0: must be in (0, 1]"),
 ])
 def test_cli_plan_refuses_bad_flags_by_name(args, message):
     _require_libtpu()

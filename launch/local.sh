@@ -5,7 +5,8 @@
 #            --workdir=/tmp/bert_jax_local
 # --tuned-malloc: glibc keeps freed memory in one heap (GLIBC_TUNABLES: one arena, no mmap, no trim), so each XLA:CPU
 # step reuses its ~1 GB of temporaries instead of faulting in fresh pages (BERT-base fp32 on 2 cores: about 0.35 s
-# of a 3.5-4 s step). Off by default: the process keeps its peak heap, and its threads share one arena's lock.
+# of a 3.5-4 s step). The driver sets the same itself on CPU runs (bert_jax.main.CPU_GLIBC_TUNABLES); this flag sets
+# it for any platform. The process keeps its peak heap, and its threads share one arena's lock.
 # Other arguments (--help too) go to the driver unchanged. launch/tpu.sh and launch/slurm.sh start it on clusters.
 set -euo pipefail
 

@@ -202,3 +202,39 @@ def test_the_program_runs_on_the_cpu_without_libtpus_start_up_noise():
     for noise in ("Failed to find host bounds for accelerator type", "Logging before InitGoogle()",
                   "TPU_ACCELERATOR_TYPE", "Unable to initialize backend 'tpu'"):
         assert noise not in result.stderr, result.stderr[-3000:]
+
+
+def test_benchmarks_start_children_with_the_drivers_glibc_tunables():
+    from bert_jax import main as driver  # pylint: disable=import-outside-toplevel
+    from bert_jax.benchmarks import process  # pylint: disable=import-outside-toplevel
+    assert process.DRIVER_GLIBC_TUNABLES == driver.CPU_GLIBC_TUNABLES
+
+
+def test_finetune_benchmark_times_our_job_and_transformers_on_the_same_task():
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    env = {name: value for name, value in os.environ.items() if name not in ("JAX_PLATFORMS", "XLA_FLAGS")}
+    result = subprocess.run(
+        [sys.executable, "-m", "bert_jax.benchmarks.finetune", "--steps=4", "--log_every=2", "--rounds=1",
+         "--examples=64", "--layers=1", "--hidden=32", "--heads=2", "--intermediate=64", "--vocab_size=300",
+         "--seq_length=16", "--batch_size=8"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=280, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    for side in ("jax", "torch"):
+        [line] = [line for line in lines if line.startswith(f"round 1 {side}: steady ")]
+        assert "examples/s (windows s: " in line and "peak RSS" in line
+        assert len(line.split("windows s: ")[1].split(")")[0].split(", ")) == 2  # 4 steps in windows of 2
+    assert any(line.startswith("jax / torch: ") for line in lines)
+    assert "Failed to find host bounds" not in result.stderr
+
+
+def test_finetune_benchmark_task_labels_follow_the_keyword(tmp_path):
+    from bert_jax.benchmarks import finetune as finetune_benchmark  # pylint: disable=import-outside-toplevel
+    vocab, table = finetune_benchmark.write_task(str(tmp_path), examples=50, vocab_size=100)
+    words = open(vocab, encoding="utf-8").read().split()
+    assert len(words) == 100 and words[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    rows = [line.rsplit(",", 1) for line in open(table, encoding="utf-8").read().splitlines()[1:]]
+    assert len(rows) == 50 and {label for _, label in rows} == {"0", "1"}
+    assert all(("keyword" in sentence.split()) == (label == "1") for sentence, label in rows)
+    assert all(set(sentence.split()) <= set(words) for sentence, _ in rows)

@@ -180,6 +180,9 @@ def test_default_run_makes_data_from_the_demo_corpus_then_reuses_it(tmp_path, ca
     assert result.returncode == 0, result.stderr[-3000:]
     assert not [line for line in result.stderr.splitlines() if "tpu" in line.lower()]  # no TPU start-up errors
     assert "over 8 devices" in result.stderr and "cpu" in result.stderr.lower()
+    if "GLIBC_TUNABLES" not in os.environ:  # a CPU run re-executes itself once with the driver's allocator settings
+        from bert_jax import main as driver  # pylint: disable=import-outside-toplevel
+        assert f"glibc allocator: GLIBC_TUNABLES={driver.CPU_GLIBC_TUNABLES}" in result.stderr
     ready = json.loads((tmp_path / "data" / "READY.json").read_text())
     assert ready["special_ids"] == [0, 2, 3, 4]  # a trained vocab puts [PAD] [CLS] [SEP] [MASK] at fixed ids
     assert ready["stats"]["train"]["instances"] > 1000
@@ -319,3 +322,50 @@ def test_driver_takes_the_architecture_from_config_init(tmp_path, caplog, driver
     with pytest.raises(ValueError, match="max_position_embeddings") as raised:
         _main(driver_flags, caplog, *args, f"--workdir={tmp_path}/other", "--config.model.max_position_embeddings=128")
     assert "64" in str(raised.value)
+
+
+@pytest.fixture
+def exec_calls(monkeypatch):
+    """run()'s re-execution, recorded instead of made; the process looks like `python -X dev -m bert_jax.main`."""
+    from bert_jax import main as driver  # pylint: disable=import-outside-toplevel
+    calls = []
+    monkeypatch.setattr(os, "execv", lambda path, argv: calls.append((path, argv, os.environ.get("GLIBC_TUNABLES"))))
+    monkeypatch.setattr(sys, "argv", [driver.__file__, "--workdir=/w"])
+    monkeypatch.setattr(sys, "orig_argv", ["python3", "-X", "dev", "-m", "bert_jax.main", "--workdir=/w"])
+    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+    monkeypatch.setattr(driver, "_runs_on_the_cpu", lambda: True)
+    return calls
+
+
+def test_a_cpu_run_re_executes_itself_once_with_the_glibc_tunables(exec_calls, monkeypatch):
+    from bert_jax import main as driver  # pylint: disable=import-outside-toplevel
+    if driver.platform.libc_ver()[0] != "glibc" or not sys.platform.startswith("linux"):
+        pytest.skip("GLIBC_TUNABLES is glibc's")
+    driver._with_cpu_glibc_tunables()  # pylint: disable=protected-access
+    # The same interpreter, its options and module; the variable set from then on stops a second exec.
+    assert exec_calls == [(sys.executable, [sys.executable, "-X", "dev", "-m", "bert_jax.main", "--workdir=/w"],
+                           driver.CPU_GLIBC_TUNABLES)]
+    driver._with_cpu_glibc_tunables()  # pylint: disable=protected-access
+    assert len(exec_calls) == 1
+
+
+@pytest.mark.parametrize("case", ["users_value", "users_empty_value", "not_the_cpu", "not_the_driver"])
+def test_the_glibc_tunables_are_left_alone(exec_calls, monkeypatch, case):
+    from bert_jax import main as driver  # pylint: disable=import-outside-toplevel
+    if case == "users_value":
+        monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.arena_max=4")
+    elif case == "users_empty_value":  # how a user opts out
+        monkeypatch.setenv("GLIBC_TUNABLES", "")
+    elif case == "not_the_cpu":
+        monkeypatch.setattr(driver, "_runs_on_the_cpu", lambda: False)
+    else:  # a program that calls run() itself (a test, a notebook) is never replaced by exec
+        monkeypatch.setattr(sys, "argv", ["/usr/bin/pytest"])
+    before = os.environ.get("GLIBC_TUNABLES")
+    driver._with_cpu_glibc_tunables()  # pylint: disable=protected-access
+    assert exec_calls == [] and os.environ.get("GLIBC_TUNABLES") == before
+
+
+def test_the_platform_is_the_cpu_when_jax_platforms_names_it_first():
+    from bert_jax import main as driver  # pylint: disable=import-outside-toplevel
+    for platforms, on_cpu in (("cpu", True), ("cpu,tpu", True), ("tpu,cpu", False), ("cuda", False)):
+        assert driver._runs_on_the_cpu(platforms) is on_cpu, platforms  # pylint: disable=protected-access

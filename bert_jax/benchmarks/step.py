@@ -14,7 +14,6 @@ Run as a program, it sets the driver's XLA:CPU options (see DRIVER_XLA_FLAGS) be
 """
 
 import functools
-import importlib.util
 import os
 import resource
 import statistics
@@ -34,6 +33,7 @@ from bert_jax import optim
 from bert_jax import sharding as sharding_lib
 from bert_jax import train
 from bert_jax.benchmarks import matmul_bound as matmul_bound_lib
+from bert_jax.benchmarks.process import with_driver_xla_flags, without_an_absent_tpu
 from bert_jax.benchmarks import torch_reference
 from configs import pretrain
 
@@ -62,11 +62,6 @@ STEP_COLUMNS = ("preset", "seq", "batch", "dtype", "compile s", "step s", "seq/s
 TORCH_COLUMNS = ("preset", "threads", "jax s", "torch stock s", "torch gathered s", "x stock", "x gathered",
                  "jax loss", "torch loss")
 MASK_ID = 103  # [MASK] in the BERT uncased vocabulary
-# The driver's XLA:CPU options (bert_jax.main.CPU_XLA_FLAGS, which the benchmark's test compares with these), so the
-# step timed is the driver's. Not imported from there: bert_jax.main defines the driver's required absl flags.
-DRIVER_XLA_FLAGS = ("--xla_cpu_experimental_ynn_fusion_type=reduce",)
-
-
 def schedulable_cores() -> int:
     """Cores this process may run on: XLA:CPU sizes its intra-op thread pool by the same affinity mask."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
@@ -86,29 +81,10 @@ def pin_to_cores(threads: int) -> int:
     return schedulable_cores()
 
 
-def without_an_absent_tpu() -> None:
-    """The CPU, quietly, where libtpu is installed but no TPU chip or GPU is attached (bert_jax.main's rule, not
-    imported from there for the reason DRIVER_XLA_FLAGS gives): JAX would otherwise try the TPU first and print
-    libtpu's start-up errors. Call before JAX starts its backend."""
-    if jax.config.jax_platforms or importlib.util.find_spec("libtpu") is None:
-        return
-    from jax._src import hardware_utils  # pylint: disable=import-outside-toplevel  # JAX's own test for TPU chips
-    if not (hardware_utils.num_available_tpu_chips_and_device_id()[0] or hardware_utils.has_visible_nvidia_gpu()
-            or hardware_utils.num_available_amd_gpus(stop_at=1)):
-        jax.config.update("jax_platforms", "cpu")
-
-
 def peak_rss_bytes() -> int:
     """Peak resident set size of this whole process so far (ru_maxrss is KiB on Linux, bytes on macOS)."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak if sys.platform == "darwin" else peak * 1024
-
-
-def with_driver_xla_flags(xla_flags: str) -> str:
-    """`xla_flags` plus each of DRIVER_XLA_FLAGS it does not name (bert_jax.main.with_cpu_xla_flags' rule)."""
-    named = {word.lstrip("-").split("=", 1)[0] for word in xla_flags.split()}
-    return " ".join([*xla_flags.split(), *(flag for flag in DRIVER_XLA_FLAGS
-                                           if flag.lstrip("-").split("=", 1)[0] not in named)])
 
 
 def matmul_ceiling(size: int, dtype, repeats: int = 10) -> float:
@@ -371,6 +347,9 @@ def run(sizes, seq_length: int, batch_size: int, max_predictions: int = 0, dtype
         print_fn(f"CPU threads: JAX/XLA {cores} (its pool is sized by the cores this process may run on)"
                  + (f", torch {threads} (torch.set_num_threads)" if compare_torch else ""))
         print_fn(f"XLA_FLAGS: {os.environ.get('XLA_FLAGS', '')}")
+        # The driver's CPU runs re-execute themselves with its allocator settings (bert_jax.main.CPU_GLIBC_TUNABLES);
+        # this process has what it was started with.
+        print_fn(f"GLIBC_TUNABLES: {os.environ.get('GLIBC_TUNABLES', '(unset: glibc defaults)')}")
     results = []
     for size in sizes:
         results.append(benchmark_step(size, seq_length, batch_size, max_predictions, dtype_name, steps, warmup,

@@ -610,8 +610,7 @@ def format_plan(rows: list[PlanRow], headroom: float, hbm_bytes: int = 0, chip: 
         report = row.report
         label = (f"{row.candidate.data},{row.candidate.fsdp},{row.candidate.tensor}  {row.candidate.remat}  "
                  f"{'on' if row.candidate.scan_layers else 'off'}")
-        if report is None:
-            cells.append([label, "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", row.limit])
+        if report is None:  # skipped: listed below the table, by reason
             continue
         loops = " *" if report.while_loops else ""
         budget = hbm_bytes or report.hbm_bytes
@@ -637,14 +636,22 @@ def format_plan(rows: list[PlanRow], headroom: float, hbm_bytes: int = 0, chip: 
     widths = [max(len(line[column]) for line in cells) for column in range(len(header))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in cells]
     lines.insert(1, "-" * len(lines[0]))
+    skipped: dict[str, list[str]] = {}
+    for row in rows:
+        if row.report is None:
+            skipped.setdefault(row.limit.removeprefix("skipped: "), []).append(
+                f"{row.candidate.data},{row.candidate.fsdp},{row.candidate.tensor} {row.candidate.remat} "
+                f"{'on' if row.candidate.scan_layers else 'off'}")
+    lines.extend(f"not searched, {reason}: {'; '.join(labels)}" for reason, labels in skipped.items())
     lines.append(
         f"Memory in GiB per chip, leaving {headroom:.0%} of HBM free. step s: predicted seconds per optimizer step "
         "from XLA's figures for the compiled step (bert_jax.chips): the traffic that does not grow with the batch at "
         "HBM bandwidth, then the larger of the rest's FLOPs / peak and bytes / HBM bandwidth, then collectives / ICI "
         "and transfers / DCN bandwidth. XLA s: XLA's own cost_analysis optimal_seconds, beside it (negative where "
         "XLA could not cost an instruction). * while loops: XLA counts their bodies once (the prediction scales "
-        f"them up). ~ extrapolated from compiles at {PROBE_DEPTHS[0]} and {PROBE_DEPTHS[1]} layers (only the fastest "
-        "are compiled at full depth).")
+        f"them up). ~ extrapolated from the probe compiles (at {PROBE_ROWS[0]} and {PROBE_ROWS[1]} rows per "
+        f"shard; at {PROBE_DEPTHS[0]} and {PROBE_DEPTHS[1]} layers for a deeper model): the fastest are compiled at "
+        "their answer until the first is.")
     return "\n".join(lines)
 
 

@@ -43,13 +43,14 @@ def memory_bandwidth(mib: int = 512, repeats: int = 10) -> float:
     return 2 * values.nbytes / statistics.median(times)
 
 
-def calibrate(sizes, seq_length: int, batch_size: int, steps: int, bandwidth_mib: int, print_fn=print) -> list[dict]:
+def calibrate(sizes, seq_length: int, batch_size: int, steps: int, bandwidth_mib: int, print_fn=print,
+              matmul_size: int = 2048) -> list[dict]:
     max_predictions = max(1, round(0.15 * seq_length))
-    flops_per_s = step_benchmark.matmul_ceiling(2048, np.float32)
+    flops_per_s = step_benchmark.matmul_ceiling(matmul_size, np.float32)
     bytes_per_s = memory_bandwidth(bandwidth_mib)
     cpu = chips.Chip("cpu", flops_per_s, 0, bytes_per_s, float("inf"), float("inf"), "measured")
     print_fn(f"{jax.devices()[0].device_kind}, {step_benchmark.schedulable_cores()} cores: float32 matmul ceiling "
-             f"{flops_per_s / 1e9:.1f} GFLOP/s (2048^3), memory bandwidth {bytes_per_s / 1e9:.2f} GB/s "
+             f"{flops_per_s / 1e9:.1f} GFLOP/s ({matmul_size}^3), memory bandwidth {bytes_per_s / 1e9:.2f} GB/s "
              f"({bandwidth_mib} MiB elementwise pass)")
     results = []
     for size in sizes:

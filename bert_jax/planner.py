@@ -24,12 +24,14 @@ whole config, the topology, the slice count, the jax/jaxlib/libtpu versions and 
 compiles only what it has not seen.
 """
 
+import concurrent.futures
 import dataclasses
 import functools
 import hashlib
 import importlib.metadata
 import json
 import math
+import multiprocessing
 import os
 import time
 from typing import Callable, Iterable
@@ -183,13 +185,29 @@ def _version(name: str) -> str:
         return ""
 
 
+class CompilerCrashedError(RuntimeError):
+    """XLA's compiler ended the process that compiled a configuration: a crash, not a verdict on the configuration."""
+
+
 def compile_report(config, topology: str, num_slices: int, cache: ReportCache) -> aot.AotReport:
+    """The configuration's AotReport, from the cache or compiled in a process of its own: libtpu (0.0.x with jax
+    0.10.2) crashed (SIGSEGV) compiling BERT-base's step for v5e:16x16 on an fsdp mesh in a process that had
+    compiled a data-parallel one, and compiled it in a fresh one; a crash then costs one candidate, not the plan."""
     key = cache.key(config, topology, num_slices)
     report = cache.get(key)
     if report is None:
-        report = aot.compile_train_step(config, topology, num_slices)[1]
+        context = multiprocessing.get_context("spawn")  # never fork a process with JAX's threads running
+        with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
+            try:
+                report = pool.submit(_compile_in_a_child, config, topology, num_slices).result()
+            except concurrent.futures.process.BrokenProcessPool:
+                raise CompilerCrashedError("XLA's compiler crashed (the compiling process died)") from None
         cache.put(key, report)
     return report
+
+
+def _compile_in_a_child(config, topology: str, num_slices: int) -> aot.AotReport:
+    return aot.compile_train_step(config, topology, num_slices)[1]
 
 
 def fits_with_headroom(report: aot.AotReport, headroom: float, hbm_bytes: int = 0) -> bool:
@@ -544,16 +562,25 @@ def plan(config, topology: str, num_slices: int = 1, cache: ReportCache | None =
         if reason:
             rows.append(PlanRow(candidate, 0, None, None, 0, limit=f"skipped: {reason}"))
             continue
-        rows.append(search(config, candidate, topology, num_slices, cache, headroom, hbm_bytes, log, resolution,
-                           saturation, target_batch // shards if target_batch else 0))
+        try:
+            rows.append(search(config, candidate, topology, num_slices, cache, headroom, hbm_bytes, log, resolution,
+                               saturation, target_batch // shards if target_batch else 0))
+        except CompilerCrashedError as error:
+            log(f"  {candidate.label}: {error}")
+            rows.append(PlanRow(candidate, 0, None, None, 0, limit=f"skipped: {error}"))
     # Extrapolated rows are compiled at the model's own depth in the order of their promise, until the fastest is
     # one that was.
     for _ in range(len(rows)):
         leader = best(rows)
         if leader is None or leader.confirmed:
             break
-        rows[rows.index(leader)] = confirm(config, leader, topology, num_slices, cache, headroom, hbm_bytes, log,
-                                           resolution=resolution)
+        try:
+            confirmed = confirm(config, leader, topology, num_slices, cache, headroom, hbm_bytes, log,
+                                resolution=resolution)
+        except CompilerCrashedError as error:
+            log(f"  {leader.candidate.label}: {error}")
+            confirmed = PlanRow(leader.candidate, 0, None, None, leader.compiles, limit=f"skipped: {error}")
+        rows[rows.index(leader)] = confirmed
     return rows
 
 

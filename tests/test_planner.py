@@ -190,3 +190,25 @@ def test_a_deep_model_is_searched_on_shallow_compiles_and_confirmed_at_its_depth
     assert 0.9 * 228 <= confirmed.rows_per_shard <= 228  # (14.4 - 3 GiB) / 0.05 GiB per row
     assert planner.fits_with_headroom(confirmed.report, 0.1)
     assert not planner.fits_with_headroom(confirmed.not_fitting, 0.1)
+
+
+def test_a_compiler_crash_costs_its_candidate_not_the_plan(monkeypatch):
+    crashed = planner.Candidate(data=1, fsdp=4, tensor=1, remat="none", scan_layers=False)
+    searched = []
+
+    def search(config, candidate, *args, **kwargs):
+        searched.append(candidate)
+        if candidate == crashed:
+            raise planner.CompilerCrashedError("XLA's compiler crashed (the compiling process died)")
+        return planner.PlanRow(candidate, 64, _report(64), None, 2, limit="throughput", seconds=0.1)
+
+    monkeypatch.setattr(planner, "search", search)
+    monkeypatch.setattr(aot, "topology_devices", lambda topology, num_slices: [None] * 4)
+    config = type("Config", (), {"model": type("Model", (), {"num_heads": 2})})()
+    rows = planner.plan(config, TOPOLOGY, remats=("none",), scans=(False,))
+    assert [row.candidate for row in rows] == searched and crashed in searched and len(rows) == 3
+    (skipped,) = [row for row in rows if row.candidate == crashed]
+    assert not skipped.fits and skipped.limit == "skipped: XLA's compiler crashed (the compiling process died)"
+    assert planner.best(rows).fits
+    assert "not searched, XLA's compiler crashed (the compiling process died): 1,4,1 none off" in \
+        planner.format_plan(rows, 0.1, 0, V5E)

@@ -332,7 +332,11 @@ def exec_calls(monkeypatch):
     monkeypatch.setattr(os, "execv", lambda path, argv: calls.append((path, argv, os.environ.get("GLIBC_TUNABLES"))))
     monkeypatch.setattr(sys, "argv", [driver.__file__, "--workdir=/w"])
     monkeypatch.setattr(sys, "orig_argv", ["python3", "-X", "dev", "-m", "bert_jax.main", "--workdir=/w"])
-    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+    # Set, then removed: monkeypatch then restores the original state at the end, also when run() set the variable
+    # itself (a bare delenv of an absent variable records nothing, and the worker's later subprocesses would
+    # inherit the tuned allocator).
+    monkeypatch.setenv("GLIBC_TUNABLES", "")
+    monkeypatch.delenv("GLIBC_TUNABLES")
     monkeypatch.setattr(driver, "_runs_on_the_cpu", lambda: True)
     return calls
 

@@ -22,6 +22,7 @@ from bert_jax import fileio
 from bert_jax import finetune
 from bert_jax import init_architecture
 from bert_jax import pretraining
+from bert_jax import runtime
 from bert_jax import sharding
 from bert_jax import train
 from bert_jax.data import workdir
@@ -140,44 +141,6 @@ def _parse_flags(argv):
     sys.exit(1)
 
 
-# XLA:CPU options, set by run() before JAX starts its backend (it reads XLA_FLAGS then, not at import). Other
-# backends ignore them. launch/local.sh, tests/conftest.py and bert_jax.benchmarks.step set the same ones.
-CPU_XLA_FLAGS = (
-    # YNNPACK fusions for reductions only: its dot fusions returned NaN for a dot with a constant operand fused into
-    # a reduction (jaxlib 0.10.2), and without "reduce" XLA:CPU emits each reduction as a much slower loop.
-    ("xla_cpu_experimental_ynn_fusion_type", "reduce"),
-    # Dots stay Eigen's: XLA:CPU's oneDNN fusion thunk (--xla_cpu_experimental_onednn_fusion_type=individual_dot)
-    # aborted the process (object_pool.h "Check failed: available_.size() == num_created_") when a compiled program
-    # was freed while it ran (tests/test_xla_cpu.py), and was no faster (README, XLA:CPU options).
-)
-
-
-def with_cpu_xla_flags(xla_flags: str) -> str:
-    """`xla_flags` plus each of CPU_XLA_FLAGS it does not name, so `XLA_FLAGS=--NAME=VALUE` overrides any of them."""
-    named = {word.lstrip("-").split("=", 1)[0] for word in xla_flags.split()}
-    added = [f"--{name}={value}" for name, value in CPU_XLA_FLAGS if name not in named]
-    return " ".join([*xla_flags.split(), *added])
-
-
-def _without_an_absent_tpu() -> None:
-    """The CPU, quietly, on a host with libtpu installed (the test and aot extras install it for ahead-of-time TPU
-    compilation) but no TPU chip or GPU attached: JAX would otherwise try the TPU first and print libtpu's errors."""
-    if jax.config.jax_platforms or importlib.util.find_spec("libtpu") is None:
-        return
-    from jax._src import hardware_utils  # pylint: disable=import-outside-toplevel  # JAX's own test for TPU chips
-    if not (hardware_utils.num_available_tpu_chips_and_device_id()[0] or hardware_utils.has_visible_nvidia_gpu()
-            or hardware_utils.num_available_amd_gpus(stop_at=1)):
-        jax.config.update("jax_platforms", "cpu")
-
-
-# glibc's allocator for CPU runs: one arena, no mmap for large blocks, no trimming of the heap. XLA:CPU allocates each
-# step's temporaries afresh; with glibc's defaults they are mmapped and unmapped every step, and the kernel hands the
-# next step fresh zeroed pages (mini pretraining, batch 32, on 2 cores: a sixth of the process's time in the kernel).
-# The cost: the process keeps its peak heap. glibc reads GLIBC_TUNABLES only when a process starts, so run()
-# re-executes the driver once with it; a GLIBC_TUNABLES of the user's (an empty one too) is left as it is.
-CPU_GLIBC_TUNABLES = "glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=2147483647"
-
-
 def _runs_on_the_cpu(platforms: str | None = None) -> bool:
     """Whether JAX will pick its CPU backend (asked before it starts: `platforms`, default jax_platforms, which
     JAX_PLATFORMS sets; else no TPU or GPU plugin installed)."""
@@ -196,12 +159,12 @@ def _started_as_the_driver() -> bool:
 
 
 def _with_cpu_glibc_tunables() -> None:
-    """Re-executes this process once with GLIBC_TUNABLES=CPU_GLIBC_TUNABLES on a glibc CPU run; the variable, set
-    from then on, stops a second exec."""
+    """Re-executes this process once with GLIBC_TUNABLES=runtime.CPU_GLIBC_TUNABLES on a glibc CPU run; the variable,
+    set from then on, stops a second exec."""
     if ("GLIBC_TUNABLES" in os.environ or not sys.platform.startswith("linux") or not _started_as_the_driver()
             or platform.libc_ver()[0] != "glibc" or not _runs_on_the_cpu()):
         return
-    os.environ["GLIBC_TUNABLES"] = CPU_GLIBC_TUNABLES
+    os.environ["GLIBC_TUNABLES"] = runtime.CPU_GLIBC_TUNABLES
     sys.stdout.flush()
     sys.stderr.flush()
     # orig_argv keeps the interpreter's own options and `-m bert_jax.main` (or the script's path).
@@ -210,8 +173,8 @@ def _with_cpu_glibc_tunables() -> None:
 
 def run():
     """Console-script entry point (`bert-jax`)."""
-    os.environ["XLA_FLAGS"] = with_cpu_xla_flags(os.environ.get("XLA_FLAGS", ""))
-    _without_an_absent_tpu()
+    os.environ["XLA_FLAGS"] = runtime.with_cpu_xla_flags(os.environ.get("XLA_FLAGS", ""))
+    runtime.without_an_absent_tpu()
     _with_cpu_glibc_tunables()
     sys.unraisablehook = checkpoint.report_unraisable_once
     app.run(_main_reporting_user_errors, flags_parser=_parse_flags)

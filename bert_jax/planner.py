@@ -81,7 +81,6 @@ class PlanRow:
     limit: str = ""  # what stopped the batch: memory, throughput, target, cap; or why the candidate was skipped
     seconds: float = 0.0  # predicted seconds per optimizer step
     bound: str = ""
-    xla_optimal_s: float = 0.0  # XLA's own time for the compiled micro-step (cost_analysis "optimal_seconds")
     ceiling_rows_per_s: float = 0.0  # rows per second per shard at an unbounded batch, by the step-time line
     confirmed: bool = True  # compiled as it is (else extrapolated from compiles at other batches or depths)
     fixed_bytes: float = 0.0  # bytes accessed that do not grow with the batch (fixed_traffic)
@@ -190,7 +189,7 @@ class CompilerCrashedError(RuntimeError):
 
 
 def compile_report(config, topology: str, num_slices: int, cache: ReportCache) -> aot.AotReport:
-    """The configuration's AotReport, from the cache or compiled in a process of its own: libtpu (0.0.x with jax
+    """The configuration's AotReport, from the cache or compiled in a process of its own: libtpu 0.0.42.1 (with jax
     0.10.2) crashed (SIGSEGV) compiling BERT-base's step for v5e:16x16 on an fsdp mesh in a process that had
     compiled a data-parallel one, and compiled it in a fresh one; a crash then costs one candidate, not the plan."""
     key = cache.key(config, topology, num_slices)
@@ -401,7 +400,7 @@ def search(config, candidate: Candidate, topology: str, num_slices: int, cache: 
         confirmed = True
     estimate = predict(report, chip, fixed)
     return PlanRow(candidate, low, report, not_fitting, len(compiled), accum_steps=accum, limit=limit,
-                   seconds=estimate.seconds * accum, bound=estimate.bound, xla_optimal_s=report.optimal_seconds,
+                   seconds=estimate.seconds * accum, bound=estimate.bound,
                    ceiling_rows_per_s=1 / slope_s if slope_s > 0 else 0.0, confirmed=confirmed,
                    fixed_bytes=fixed, bytes_per_row=bytes_per_row, target_rows=target_rows)
 
@@ -517,8 +516,7 @@ def confirm(config, row: PlanRow, topology: str, num_slices: int, cache: ReportC
             confirmed=True)
     estimate = predict(report, chip, row.fixed_bytes)
     return dataclasses.replace(row, rows_per_shard=rows, report=report, compiles=row.compiles + count, limit=limit,
-                               not_fitting=not_fitting, seconds=estimate.seconds, bound=estimate.bound,
-                               xla_optimal_s=report.optimal_seconds, confirmed=True)
+                               not_fitting=not_fitting, seconds=estimate.seconds, bound=estimate.bound, confirmed=True)
 
 
 def _memory_guess(rows_a: int, report_a: aot.AotReport, rows_b: int, report_b: aot.AotReport, budget: float) -> int:
@@ -658,7 +656,7 @@ def format_plan(rows: list[PlanRow], headroom: float, hbm_bytes: int = 0, chip: 
             f"{sum(report.dcn_bytes.values()) / 2**20:.4g} MiB" if report.dcn_bytes else "-",
             f"{row.seconds:.4g}{'' if row.confirmed else ' ~'}", f"{row.sequences_per_s_per_chip:.4g}",
             f"{row.mfu(chip):.0%}" if chip else "-", row.bound,
-            f"{row.xla_optimal_s * row.accum_steps:.3g}" if row.xla_optimal_s else "-",
+            f"{report.optimal_seconds * row.accum_steps:.3g}" if report.optimal_seconds else "-",
             row.limit + next_up])
     widths = [max(len(line[column]) for line in cells) for column in range(len(header))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in cells]

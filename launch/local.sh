@@ -5,7 +5,7 @@
 #            --workdir=/tmp/bert_jax_local
 # --tuned-malloc: glibc keeps freed memory in one heap (GLIBC_TUNABLES: one arena, no mmap, no trim), so each XLA:CPU
 # step reuses its ~1 GB of temporaries instead of faulting in fresh pages (BERT-base fp32 on 2 cores: about 0.35 s
-# of a 3.5-4 s step). The driver sets the same itself on CPU runs (bert_jax.main.CPU_GLIBC_TUNABLES); this flag sets
+# of a 3.5-4 s step). The driver sets the same itself on CPU runs (bert_jax.runtime.CPU_GLIBC_TUNABLES); this flag sets
 # it for any platform. The process keeps its peak heap, and its threads share one arena's lock.
 # Other arguments (--help too) go to the driver unchanged. launch/tpu.sh and launch/slurm.sh start it on clusters.
 set -euo pipefail
@@ -29,7 +29,7 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 
-# The driver's XLA:CPU options (bert_jax.main.CPU_XLA_FLAGS; the driver adds them too, --dry-run shows them here),
+# The driver's XLA:CPU options (bert_jax.runtime.CPU_XLA_FLAGS; the driver adds them too, --dry-run shows them here),
 # each only where XLA_FLAGS does not name it, so `XLA_FLAGS=--NAME=VALUE launch/local.sh ...` overrides it.
 xla_flags="${XLA_FLAGS:-}"
 cpu_xla_flags=(--xla_cpu_experimental_ynn_fusion_type=reduce)

@@ -13,11 +13,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from bert_jax import main as _driver  # noqa: E402
+from bert_jax import runtime as _runtime  # noqa: E402
 
 # The driver's XLA:CPU options, which its run() sets: the tests compile what the driver runs. JAX reads XLA_FLAGS
 # when its backend starts, after this.
-os.environ["XLA_FLAGS"] = _driver.with_cpu_xla_flags(os.environ["XLA_FLAGS"])
+os.environ["XLA_FLAGS"] = _runtime.with_cpu_xla_flags(os.environ["XLA_FLAGS"])
 
 
 import logging  # noqa: E402

@@ -12,6 +12,7 @@ import pytest
 from bert_jax.benchmarks import step as benchmark
 from bert_jax.benchmarks import matmul_bound
 from bert_jax import model as model_lib
+from bert_jax import runtime
 from tests.helpers import ROOT
 
 
@@ -177,18 +178,6 @@ def test_matmul_bound_line_says_when_the_matmuls_alone_took_longer_than_the_step
     assert "the other 0.5000 s is work outside the matmuls" in line and "MFU bound 96.0%" in line
 
 
-def test_benchmark_sets_the_drivers_xla_flags_unless_named():
-    from bert_jax import main as driver  # pylint: disable=import-outside-toplevel
-    assert benchmark.with_driver_xla_flags("") == driver.with_cpu_xla_flags("")
-    user = "--xla_force_host_platform_device_count=2 --xla_cpu_use_onednn=false"
-    assert benchmark.with_driver_xla_flags(user) == driver.with_cpu_xla_flags(user)
-    assert benchmark.with_driver_xla_flags(user).split() == [
-        "--xla_force_host_platform_device_count=2", "--xla_cpu_use_onednn=false",
-        "--xla_cpu_experimental_ynn_fusion_type=reduce"]
-    named = "--xla_cpu_experimental_ynn_fusion_type="
-    assert benchmark.with_driver_xla_flags(named) == driver.with_cpu_xla_flags(named) == named
-
-
 def test_the_program_runs_on_the_cpu_without_libtpus_start_up_noise():
     # JAX_PLATFORMS unset, as a user's shell leaves it: with libtpu installed (the test extra) and no TPU attached,
     # the program picks the CPU itself before JAX starts, instead of letting libtpu try and fail loudly.
@@ -199,15 +188,11 @@ def test_the_program_runs_on_the_cpu_without_libtpus_start_up_noise():
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=240, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "devices: 1 x cpu" in result.stdout, result.stdout
+    # The driver's XLA:CPU options (bert_jax.runtime), set by the program before JAX started.
+    assert f"XLA_FLAGS: {runtime.with_cpu_xla_flags('')}\n" in result.stdout, result.stdout
     for noise in ("Failed to find host bounds for accelerator type", "Logging before InitGoogle()",
                   "TPU_ACCELERATOR_TYPE", "Unable to initialize backend 'tpu'"):
         assert noise not in result.stderr, result.stderr[-3000:]
-
-
-def test_benchmarks_start_children_with_the_drivers_glibc_tunables():
-    from bert_jax import main as driver  # pylint: disable=import-outside-toplevel
-    from bert_jax.benchmarks import process  # pylint: disable=import-outside-toplevel
-    assert process.DRIVER_GLIBC_TUNABLES == driver.CPU_GLIBC_TUNABLES
 
 
 def test_finetune_benchmark_times_our_job_and_transformers_on_the_same_task():

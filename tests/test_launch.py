@@ -507,11 +507,11 @@ def test_slurm_bad_options(tmp_path, fake_bin, args, flag):
 # --- launch/local.sh ----------------------------------------------------------------------------------------
 
 def test_local_dry_run_fake_devices(tmp_path, fake_bin):
-    from bert_jax import main as driver  # pylint: disable=import-outside-toplevel
+    from bert_jax import runtime  # pylint: disable=import-outside-toplevel
     args = ["--config=configs/pretrain.py:size=tiny", "--config.mesh.fsdp=2", "--workdir=/tmp/bert jax"]
     result = _run("local.sh", "--dry-run", "--fake-devices", "8", *args, env=_env(tmp_path, fake_bin), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    cpu_flags = driver.with_cpu_xla_flags("")  # the driver's XLA:CPU options, shown by the launcher too
+    cpu_flags = runtime.with_cpu_xla_flags("")  # the driver's XLA:CPU options, shown by the launcher too
     assert shlex.split(result.stdout) == ["env", "JAX_PLATFORMS=cpu",
                                           f"XLA_FLAGS={cpu_flags} --xla_force_host_platform_device_count=8",
                                           "python", "-m", "bert_jax.main", *args]
@@ -522,15 +522,16 @@ def test_local_dry_run_fake_devices(tmp_path, fake_bin):
     # The user's XLA_FLAGS win: a flag it names (with a value, or an empty one) is not added again.
     user = "--xla_cpu_use_onednn=false --xla_cpu_experimental_ynn_fusion_type="
     mine = _run("local.sh", "--dry-run", *args, env=_env(tmp_path, fake_bin, XLA_FLAGS=user), cwd=tmp_path)
-    assert shlex.split(mine.stdout)[1] == f"XLA_FLAGS={driver.with_cpu_xla_flags(user)}" == f"XLA_FLAGS={user}"
+    assert shlex.split(mine.stdout)[1] == f"XLA_FLAGS={runtime.with_cpu_xla_flags(user)}" == f"XLA_FLAGS={user}"
     other = "--xla_cpu_use_onednn=false"
     mine = _run("local.sh", "--dry-run", *args, env=_env(tmp_path, fake_bin, XLA_FLAGS=other), cwd=tmp_path)
-    assert shlex.split(mine.stdout)[1] == f"XLA_FLAGS={driver.with_cpu_xla_flags(other)}"
-    assert driver.with_cpu_xla_flags(other) == f"{other} --xla_cpu_experimental_ynn_fusion_type=reduce"
+    assert shlex.split(mine.stdout)[1] == f"XLA_FLAGS={runtime.with_cpu_xla_flags(other)}"
+    assert runtime.with_cpu_xla_flags(other) == f"{other} --xla_cpu_experimental_ynn_fusion_type=reduce"
 
 
 def test_local_tuned_malloc_sets_glibc_tunables_and_the_users_come_last(tmp_path, fake_bin):
-    tuned = "glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=2147483647"
+    from bert_jax import runtime  # pylint: disable=import-outside-toplevel
+    tuned = runtime.CPU_GLIBC_TUNABLES  # the driver's own setting, which the launcher's flag sets for any platform
     result = _run("local.sh", "--dry-run", "--tuned-malloc", "--workdir=/w", env=_env(tmp_path, fake_bin), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert f"GLIBC_TUNABLES={tuned}" in shlex.split(result.stdout)

@@ -11,6 +11,7 @@ import sys
 import numpy as np
 import pytest
 
+from bert_jax import runtime
 from tests import helpers
 from tests._session import small_records, trained_run  # noqa: F401  (session fixtures)
 
@@ -181,8 +182,7 @@ def test_default_run_makes_data_from_the_demo_corpus_then_reuses_it(tmp_path, ca
     assert not [line for line in result.stderr.splitlines() if "tpu" in line.lower()]  # no TPU start-up errors
     assert "over 8 devices" in result.stderr and "cpu" in result.stderr.lower()
     if "GLIBC_TUNABLES" not in os.environ:  # a CPU run re-executes itself once with the driver's allocator settings
-        from bert_jax import main as driver  # pylint: disable=import-outside-toplevel
-        assert f"glibc allocator: GLIBC_TUNABLES={driver.CPU_GLIBC_TUNABLES}" in result.stderr
+        assert f"glibc allocator: GLIBC_TUNABLES={runtime.CPU_GLIBC_TUNABLES}" in result.stderr
     ready = json.loads((tmp_path / "data" / "READY.json").read_text())
     assert ready["special_ids"] == [0, 2, 3, 4]  # a trained vocab puts [PAD] [CLS] [SEP] [MASK] at fixed ids
     assert ready["stats"]["train"]["instances"] > 1000
@@ -348,7 +348,7 @@ def test_a_cpu_run_re_executes_itself_once_with_the_glibc_tunables(exec_calls, m
     driver._with_cpu_glibc_tunables()  # pylint: disable=protected-access
     # The same interpreter, its options and module; the variable set from then on stops a second exec.
     assert exec_calls == [(sys.executable, [sys.executable, "-X", "dev", "-m", "bert_jax.main", "--workdir=/w"],
-                           driver.CPU_GLIBC_TUNABLES)]
+                           runtime.CPU_GLIBC_TUNABLES)]
     driver._with_cpu_glibc_tunables()  # pylint: disable=protected-access
     assert len(exec_calls) == 1
 

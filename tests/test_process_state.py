@@ -10,6 +10,7 @@ from absl import app
 import pytest
 
 from bert_jax import main as driver
+from bert_jax import runtime
 from tests.helpers import ROOT
 
 # Imports the package and every module in it in one fresh process and prints, as JSON, what changed: the variables
@@ -100,7 +101,7 @@ def test_the_driver_sets_its_xla_cpu_flags_before_jax_starts_and_the_users_win(m
     monkeypatch.setattr(app, "run", lambda main, **kwargs: seen.append(os.environ["XLA_FLAGS"]))
     monkeypatch.delenv("XLA_FLAGS")
     driver.run()
-    assert seen[-1].split() == [f"--{name}={value}" for name, value in driver.CPU_XLA_FLAGS]
+    assert seen[-1].split() == [f"--{name}={value}" for name, value in runtime.CPU_XLA_FLAGS]
     # A flag the user names, with any value (an empty one too), is left as the user wrote it.
     monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=2 --xla_cpu_experimental_ynn_fusion_type=")
     driver.run()
@@ -109,4 +110,4 @@ def test_the_driver_sets_its_xla_cpu_flags_before_jax_starts_and_the_users_win(m
     driver.run()
     assert seen[-1].split() == ["--xla_force_host_platform_device_count=2",
                                 "--xla_cpu_experimental_ynn_fusion_type=reduce"]
-    assert driver.with_cpu_xla_flags(seen[-1]) == seen[-1]  # idempotent: launch/local.sh and run() both add them
+    assert runtime.with_cpu_xla_flags(seen[-1]) == seen[-1]  # idempotent: launch/local.sh and run() both add them

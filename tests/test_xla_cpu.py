@@ -1,4 +1,4 @@
-"""The driver's XLA:CPU options (bert_jax.main.CPU_XLA_FLAGS, which tests/conftest.py sets too) take effect, the
+"""The driver's XLA:CPU options (bert_jax.runtime.CPU_XLA_FLAGS, which tests/conftest.py sets too) take effect, the
 reductions they fuse stay exact, and the programs they compile can be freed at any time."""
 
 import os
@@ -41,8 +41,8 @@ print("done")
 
 @pytest.mark.slow
 def test_programs_freed_while_they_run_do_not_abort_the_process():
-    from bert_jax import main as driver  # pylint: disable=import-outside-toplevel
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": driver.with_cpu_xla_flags("")}
+    from bert_jax import runtime  # pylint: disable=import-outside-toplevel
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": runtime.with_cpu_xla_flags("")}
     script = _FREED_WHILE_RUNNING.replace("ITERATIONS", "400")
     result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=280,
                             check=False)

@@ -10,8 +10,6 @@ memory time instead of taking the larger: a CPU overlaps little of one with the 
 """
 
 import os
-import statistics
-import time
 
 from absl import app
 from absl import flags
@@ -20,6 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from bert_jax import chips
+from bert_jax import runtime
+from bert_jax.benchmarks import matmul_bound
 from bert_jax.benchmarks import step as step_benchmark
 
 # --size, --seq_length, --batch_size and --steps are the step benchmark's flags (defaults set in __main__).
@@ -34,13 +34,8 @@ def memory_bandwidth(mib: int = 512, repeats: int = 10) -> float:
     """Bytes per second of an elementwise pass over a float32 array of `mib` MiB (read once, written once)."""
     values = jnp.ones((mib << 20) // 4, jnp.float32)
     scale = jax.jit(lambda x: x * 1.0001 + 1.0)
-    jax.block_until_ready(scale(values))
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(scale(values))
-        times.append(time.perf_counter() - start)
-    return 2 * values.nbytes / statistics.median(times)
+    jax.block_until_ready(scale(values))  # compiled outside the timing
+    return 2 * values.nbytes / matmul_bound.median_seconds(lambda: jax.block_until_ready(scale(values)), repeats)
 
 
 def calibrate(sizes, seq_length: int, batch_size: int, steps: int, bandwidth_mib: int, print_fn=print,
@@ -58,7 +53,7 @@ def calibrate(sizes, seq_length: int, batch_size: int, steps: int, bandwidth_mib
         cost = result["cost"]
         estimate = chips.estimate(cpu, cost["flops"], cost["bytes accessed"])
         serial = estimate.compute_s + estimate.memory_s
-        results.append(dict(size=size, batch=batch_size, flops=cost["flops"], bytes=cost["bytes accessed"],
+        results.append(dict(size=size, batch=batch_size, chip=cpu, flops=cost["flops"], bytes=cost["bytes accessed"],
                             estimate=estimate, serial_s=serial, measured_s=result["step_s"]))
         print_fn(step_benchmark.spread(size, result["step_times"]))
     widths = [max(len(column), 7) for column in COLUMNS]
@@ -75,7 +70,7 @@ def calibrate(sizes, seq_length: int, batch_size: int, steps: int, bandwidth_mib
 
 def main(argv):
     del argv
-    os.environ["XLA_FLAGS"] = step_benchmark.with_driver_xla_flags(os.environ.get("XLA_FLAGS", ""))
+    os.environ["XLA_FLAGS"] = runtime.with_cpu_xla_flags(os.environ.get("XLA_FLAGS", ""))
     jax.config.update("jax_platforms", "cpu")  # a calibration of the CPU, also where libtpu is installed
     calibrate(FLAGS.size, FLAGS.seq_length, FLAGS.batch_size, FLAGS.steps, FLAGS.bandwidth_mib,
               print_fn=lambda line: print(line, flush=True))

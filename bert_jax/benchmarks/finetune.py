@@ -29,7 +29,7 @@ from absl import app
 from absl import flags
 import numpy as np
 
-from bert_jax.benchmarks import process
+from bert_jax import runtime
 
 def _define_flags():
     """The program's flags, defined only when it runs: importing this module (a test does) defines none, so they
@@ -166,8 +166,8 @@ def run_torch(task_dir: str) -> dict:
 def _child(side: str, task_dir: str) -> None:
     if side == "jax":
         # Before JAX starts its backend, as the driver does.
-        os.environ["XLA_FLAGS"] = process.with_driver_xla_flags(os.environ.get("XLA_FLAGS", ""))
-        process.without_an_absent_tpu()
+        os.environ["XLA_FLAGS"] = runtime.with_cpu_xla_flags(os.environ.get("XLA_FLAGS", ""))
+        runtime.without_an_absent_tpu()
         result = run_jax(task_dir)
     else:
         result = run_torch(task_dir)
@@ -194,7 +194,7 @@ def main(argv):
               f"{FLAGS.intermediate}, vocab {FLAGS.vocab_size}; dropout on; windows of {FLAGS.log_every} steps",
               flush=True)
         print(f"XLA_FLAGS (jax, before the driver's are added): {os.environ.get('XLA_FLAGS', '')}; GLIBC_TUNABLES: "
-              f"jax {os.environ.get('GLIBC_TUNABLES', process.DRIVER_GLIBC_TUNABLES)} (the driver's on CPU), torch "
+              f"jax {os.environ.get('GLIBC_TUNABLES', runtime.CPU_GLIBC_TUNABLES)} (the driver's on CPU), torch "
               f"{os.environ.get('GLIBC_TUNABLES', '(unset)')}", flush=True)
         rates = {side: [] for side in FLAGS.sides}
         for round_index in range(1, FLAGS.rounds + 1):
@@ -203,7 +203,7 @@ def main(argv):
                            f"--task_dir={task_dir}", *passed]
                 env = dict(os.environ)
                 if side == "jax":  # the allocator the driver's CPU runs have, unless GLIBC_TUNABLES is yours
-                    env.setdefault("GLIBC_TUNABLES", process.DRIVER_GLIBC_TUNABLES)
+                    env.setdefault("GLIBC_TUNABLES", runtime.CPU_GLIBC_TUNABLES)
                 done = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
                 lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT_PREFIX)]
                 if done.returncode or not lines:

@@ -10,7 +10,7 @@ Batches are synthetic and already on device, so the figure is the step alone.
 On CPU it also times HuggingFace transformers' `BertForPreTraining` (PyTorch, bert_jax.benchmarks.torch_reference)
 in two forms: stock (MLM logits for every position, loss on the masked ones) and with the head applied to the
 gathered masked positions only, as bert_jax does. TensorFlow is never imported; torch is optional.
-Run as a program, it sets the driver's XLA:CPU options (see DRIVER_XLA_FLAGS) before JAX starts.
+Run as a program, it sets the driver's XLA:CPU options (bert_jax.runtime) before JAX starts.
 """
 
 import functools
@@ -30,10 +30,10 @@ import numpy as np
 from bert_jax import metrics as metrics_lib
 from bert_jax import model as model_lib
 from bert_jax import optim
+from bert_jax import runtime
 from bert_jax import sharding as sharding_lib
 from bert_jax import train
 from bert_jax.benchmarks import matmul_bound as matmul_bound_lib
-from bert_jax.benchmarks.process import with_driver_xla_flags, without_an_absent_tpu
 from bert_jax.benchmarks import torch_reference
 from configs import pretrain
 
@@ -347,7 +347,7 @@ def run(sizes, seq_length: int, batch_size: int, max_predictions: int = 0, dtype
         print_fn(f"CPU threads: JAX/XLA {cores} (its pool is sized by the cores this process may run on)"
                  + (f", torch {threads} (torch.set_num_threads)" if compare_torch else ""))
         print_fn(f"XLA_FLAGS: {os.environ.get('XLA_FLAGS', '')}")
-        # The driver's CPU runs re-execute themselves with its allocator settings (bert_jax.main.CPU_GLIBC_TUNABLES);
+        # The driver's CPU runs re-execute themselves with its allocator settings (bert_jax.runtime.CPU_GLIBC_TUNABLES);
         # this process has what it was started with.
         print_fn(f"GLIBC_TUNABLES: {os.environ.get('GLIBC_TUNABLES', '(unset: glibc defaults)')}")
     results = []
@@ -418,8 +418,8 @@ def run(sizes, seq_length: int, batch_size: int, max_predictions: int = 0, dtype
 def main(argv):
     del argv
     # Before anything starts JAX's backend: it reads XLA_FLAGS, and sizes its CPU thread pool by the affinity mask.
-    os.environ["XLA_FLAGS"] = with_driver_xla_flags(os.environ.get("XLA_FLAGS", ""))
-    without_an_absent_tpu()
+    os.environ["XLA_FLAGS"] = runtime.with_cpu_xla_flags(os.environ.get("XLA_FLAGS", ""))
+    runtime.without_an_absent_tpu()
     try:
         pin_to_cores(FLAGS.threads)
     except ValueError as error:

@@ -277,20 +277,12 @@ def search(config, candidate: Candidate, topology: str, num_slices: int, cache: 
             _log_compile(log, candidate, rows, accum, depth, compiled[rows, accum, depth], headroom, budget)
         return compiled[rows, accum, depth]
 
-    # The sizes allowed: any up to the cap, or the divisors of the target (the rest is accumulated).
-    allowed = (sorted(d for d in range(1, target_rows + 1) if target_rows % d == 0) if target_rows
-               else None)
-
     def at_most(rows: float) -> int:
-        rows = int(min(rows, target_rows or MAX_ROWS_PER_SHARD))
-        if allowed is None:
-            return max(rows, 1)
-        return max([d for d in allowed if d <= rows] or [1])
+        return _at_most(rows, target_rows)
 
     def above(rows: int) -> int | None:
-        if allowed is None:
-            return rows + 1 if rows < MAX_ROWS_PER_SHARD else None
-        return next((d for d in allowed if d > rows), None)
+        limit = target_rows or MAX_ROWS_PER_SHARD
+        return next((d for d in range(rows + 1, limit + 1) if not target_rows or target_rows % d == 0), None)
 
     probes = sorted({at_most(PROBE_ROWS[0]), at_most(PROBE_ROWS[1])})
     # The compiles every figure below is extrapolated from: two batches, at two shallow depths for a deep model.
@@ -405,6 +397,15 @@ def search(config, candidate: Candidate, topology: str, num_slices: int, cache: 
                    fixed_bytes=fixed, bytes_per_row=bytes_per_row, target_rows=target_rows)
 
 
+def _at_most(rows: float, target_rows: int = 0) -> int:
+    """The largest batch per shard allowed at or below `rows` (at least 1): any up to MAX_ROWS_PER_SHARD, or with a
+    target, a divisor of it (the rest is accumulated)."""
+    rows = max(1, int(min(rows, target_rows or MAX_ROWS_PER_SHARD)))
+    if not target_rows:
+        return rows
+    return max(d for d in range(1, rows + 1) if target_rows % d == 0)
+
+
 def _compile(config, candidate: Candidate, topology: str, num_slices: int, cache: ReportCache, rows: int, accum: int,
              depth: int, compile_at) -> aot.AotReport:
     if compile_at is not None:
@@ -472,12 +473,6 @@ def confirm(config, row: PlanRow, topology: str, num_slices: int, cache: ReportC
     chip = chip_of(topology)
     budget = hbm_bytes or chip.hbm_bytes
     target = row.target_rows
-    allowed = [d for d in range(1, target + 1) if target % d == 0] if target else None
-
-    def at_most(rows: float) -> int:
-        rows = max(1, int(rows))
-        return max(d for d in allowed if d <= rows) if allowed else rows
-
     rows, low, high = row.rows_per_shard, None, None  # (rows, report) of the largest compiled fit, smallest misfit
     for done in range(1, attempts + 1):
         accum = target // rows if target else 1
@@ -497,7 +492,7 @@ def confirm(config, row: PlanRow, topology: str, num_slices: int, cache: ReportC
                       else rows * row.bytes_per_row / 2)
             shrink = math.ceil(excess / row.bytes_per_row) if row.bytes_per_row > 0 else rows // 2
             guess = rows - max(1, shrink)
-        following = at_most(guess) if guess >= 1 else 0
+        following = _at_most(guess, target) if guess >= 1 else 0
         if not following or (low is not None and following <= low[0]) or (high is not None and following >= high[0]):
             break
         rows = following

@@ -467,7 +467,10 @@ class BertForSequenceClassification(nn.Module):
     @nn.compact
     def __call__(self, input_ids, input_mask, segment_ids, deterministic: bool = True) -> dict[str, Any]:
         config = self.config
-        x, _, _ = _encode(config, input_ids, input_mask, segment_ids, deterministic)
+        # Only [CLS] is read: the last layer computes that row alone (6 layers at seq 64: 13% of the
+        # encoder's matmuls).
+        cls_positions = jnp.zeros((input_ids.shape[0], 1), jnp.int32)
+        x, _, _ = _encode(config, input_ids, input_mask, segment_ids, deterministic, head_positions=cls_positions)
         pooled = _pooler(config, x[:, 0])
         logits = _classifier(config, self.num_classes, "classifier")(_dropout(config, pooled, deterministic))
         return {"logits": logits, "pooled_output": pooled}

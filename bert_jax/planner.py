@@ -24,7 +24,6 @@ whole config, the topology, the slice count, the jax/jaxlib/libtpu versions and 
 compiles only what it has not seen.
 """
 
-import concurrent.futures
 import dataclasses
 import functools
 import hashlib
@@ -33,6 +32,7 @@ import json
 import math
 import multiprocessing
 import os
+import pickle
 import time
 from typing import Callable, Iterable
 
@@ -195,18 +195,66 @@ def compile_report(config, topology: str, num_slices: int, cache: ReportCache) -
     key = cache.key(config, topology, num_slices)
     report = cache.get(key)
     if report is None:
-        context = multiprocessing.get_context("spawn")  # never fork a process with JAX's threads running
-        with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
-            try:
-                report = pool.submit(_compile_in_a_child, config, topology, num_slices).result()
-            except concurrent.futures.process.BrokenProcessPool:
-                raise CompilerCrashedError("XLA's compiler crashed (the compiling process died)") from None
+        report = _compile_in_a_fresh_process(config, topology, num_slices)
         cache.put(key, report)
     return report
 
 
-def _compile_in_a_child(config, topology: str, num_slices: int) -> aot.AotReport:
-    return aot.compile_train_step(config, topology, num_slices)[1]
+# The next compiling process, started while the current one compiles, so that its interpreter start and imports
+# (about 2 s of each compile) overlap the compile: (process, connection), or empty.
+_SPARE: list = []
+
+
+def _compile_in_a_fresh_process(config, topology: str, num_slices: int) -> aot.AotReport:
+    process, connection = _SPARE.pop() if _SPARE else _start_compiler()
+    if not process.is_alive():  # a spare that died waiting
+        connection.close()
+        process, connection = _start_compiler()
+    _SPARE.append(_start_compiler())
+    try:
+        connection.send((config, topology, num_slices))
+        succeeded, result = connection.recv()
+    except (EOFError, ConnectionError):
+        raise CompilerCrashedError("XLA's compiler crashed (the compiling process died)") from None
+    finally:
+        connection.close()
+        process.join()
+    if not succeeded:
+        raise result
+    return result
+
+
+def _start_compiler():
+    context = multiprocessing.get_context("spawn")  # never fork a process with JAX's threads running
+    connection, child_end = context.Pipe()
+    process = context.Process(target=_compile_when_asked, args=(child_end,), daemon=True)
+    process.start()
+    child_end.close()
+    return process, connection
+
+
+def release_spare() -> None:
+    """Stops the waiting spare process (plan() calls it when done)."""
+    while _SPARE:
+        process, connection = _SPARE.pop()
+        connection.close()  # the spare reads end-of-file and exits
+        process.join()
+
+
+def _compile_when_asked(connection) -> None:
+    """A compiling process: one configuration from `connection`, its report (or the error) sent back."""
+    try:
+        config, topology, num_slices = connection.recv()
+    except EOFError:  # released unused
+        return
+    try:
+        result = True, aot.compile_train_step(config, topology, num_slices)[1]
+    except Exception as error:  # pylint: disable=broad-except  # re-raised in the planner's process
+        result = False, error
+    try:
+        connection.send(result)
+    except (pickle.PicklingError, TypeError, AttributeError):  # an error that does not pickle: its text
+        connection.send((False, RuntimeError(f"{type(result[1]).__name__}: {result[1]}")))
 
 
 def fits_with_headroom(report: aot.AotReport, headroom: float, hbm_bytes: int = 0) -> bool:
@@ -542,8 +590,16 @@ def plan(config, topology: str, num_slices: int = 1, cache: ReportCache | None =
         raise ValueError(f"--plan_batch={target_batch}: must be positive (0: the batch is free)")
     if hbm_bytes < 0:
         raise ValueError(f"--plan_hbm_gib={hbm_bytes / aot.GIB}: must be positive (0: the chip's HBM)")
+    try:
+        return _plan(config, topology, num_slices, cache or ReportCache(""), headroom, remats, scans, hbm_bytes, log,
+                     meshes, resolution, saturation, target_batch)
+    finally:
+        release_spare()
+
+
+def _plan(config, topology, num_slices, cache, headroom, remats, scans, hbm_bytes, log, meshes, resolution,
+          saturation, target_batch) -> list[PlanRow]:
     chips = len(aot.topology_devices(topology, 1))
-    cache = cache or ReportCache("")
     rows: list[PlanRow] = []
     for candidate in candidates(chips, config.model.num_heads, remats, scans, meshes):
         shards = num_slices * candidate.data * candidate.fsdp

@@ -6,6 +6,7 @@ Needs libtpu, which the test extra pins: without it these tests fail (they do no
 import dataclasses
 import functools
 import math
+import multiprocessing
 import os
 import re
 import subprocess
@@ -281,6 +282,25 @@ def test_planner_finds_a_batch_the_plain_compile_confirms_and_rejects_the_next(t
     assert planner.plan(config, TOPOLOGY, 1, cache, headroom, ("none",), (False,), budget, meshes=[(1, 2, 2)],
                         resolution=0.5) == [row]
     assert cache.hits - hits == row.compiles
+    assert not multiprocessing.active_children()  # the spare compiling process is gone with the plan
+
+
+def test_an_error_in_the_compiling_process_is_raised_in_the_planner_as_it_is(tmp_path):
+    """A configuration the step refuses (a batch the mesh does not divide) raises the same ValueError, naming the
+    flag, as compiling it in the planner's own process would; nothing is cached for it."""
+    _require_libtpu()
+    from bert_jax import planner  # pylint: disable=import-outside-toplevel
+    config = planner.configure(pretrain.get_config("size=tiny"), planner.Candidate(4, 1, 1, "none", False), 1, 1)
+    config.train.batch_size = 6
+    cache = planner.ReportCache(str(tmp_path))
+    with pytest.raises(ValueError, match="batch_size") as raised:
+        planner.compile_report(config, TOPOLOGY, 1, cache)
+    with pytest.raises(ValueError) as directly:
+        aot.compile_train_step(config, TOPOLOGY)
+    assert str(raised.value) == str(directly.value)
+    assert not os.listdir(tmp_path)
+    planner.release_spare()
+    assert not multiprocessing.active_children()
 
 
 def test_collective_bytes_counts_combined_and_asynchronous_collectives():

@@ -1,21 +1,19 @@
 """Tokenizers: parity with the original BERT FullTokenizer, trained vocabularies, loading, saving, errors."""
 
+import gzip
 import json
 import multiprocessing
 import os
 import pickle
 import subprocess
 import sys
-import unicodedata
 
 import numpy as np
 import pytest
 from pydoc_data.topics import topics
 
-from bert_jax.data import basic_tokenizer
 from bert_jax.data import tokenization
 from bert_jax.data.tokenization import SPECIAL_TOKENS, load_tokenizer, padded_vocab_size
-from tests import reference_tokenization as reference
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "google_bert")
 UNCASED_VOCAB = os.path.join(FIXTURES, "vocab_uncased.txt")
@@ -31,9 +29,24 @@ def uncased():
     return load_tokenizer(UNCASED_VOCAB)
 
 
-@pytest.fixture(scope="module")
-def reference_uncased():
-    return reference.FullTokenizer(UNCASED_VOCAB, do_lower_case=True)
+def _recorded(lower: bool) -> tuple[dict[int, list[int]], list[dict]]:
+    """The original FullTokenizer's outputs with vocab_uncased.txt (fixtures/google_bert/README.md): the ids of each
+    code point alone, and the stress strings' tokens and ids."""
+    ids, stress = {}, []
+    with gzip.open(os.path.join(FIXTURES, "wordpiece_codepoints.jsonl.gz"), "rt", encoding="utf-8") as f:
+        for row in map(json.loads, f):
+            if row["lower"] != lower:
+                continue
+            if "text" in row:
+                stress.append(row)
+            else:
+                ids.update((cp, row["ids"]) for cp in range(row["first"], row["last"] + 1))
+    return ids, stress
+
+
+@pytest.fixture(scope="module", params=[True, False], ids=["uncased", "cased"])
+def recorded(request):
+    return request.param, *_recorded(request.param)
 
 
 def _write_vocab(path, tokens):
@@ -93,92 +106,60 @@ def test_vocab_file_keeps_original_line_semantics(tmp_path):
     assert saved.vocab_words == tokenizer.vocab_words  # line numbers survive a save, duplicates included
 
 
-def test_overlong_word_becomes_unk_like_the_original(uncased, reference_uncased):
-    # The original's WordpieceTokenizer has max_input_chars_per_word=200, inclusive.
-    for length in (100, 101, 150, 200, 201):
-        for text in ("x" * length, "a " + "Ab" * (length // 2) + "c" * (length % 2) + "!"):
-            assert uncased.tokenize(text) == reference_uncased.tokenize(text), (length, text)
+def test_stress_strings_tokenize_like_the_original(recorded):
+    """Long words of 99-201 characters (the original's max_input_chars_per_word=200 is inclusive), final sigma,
+    ligatures, combining marks, zero-width, control and private-use characters, CJK, emoji, punctuation."""
+    do_lower_case, _, stress = recorded
+    assert len(stress) == 36
+    tokenizer = load_tokenizer(UNCASED_VOCAB, do_lower_case=do_lower_case)
+    for row in stress:
+        assert tokenizer.tokenize(row["text"]) == row["tokens"], ascii(row["text"])
+    assert tokenizer.encode_batch([row["text"] for row in stress]) == [row["ids"] for row in stress]
+
+
+def test_overlong_word_becomes_unk_like_the_original(uncased):
     assert uncased.tokenize("a " + "x" * 201 + " b") == ["a", "[UNK]", "b"]
     assert "[UNK]" not in uncased.tokenize("ab" * 100)
     # decode keeps [UNK]: it stands for text that was there.
     assert uncased.decode(uncased.encode_batch(["A " + "x" * 201 + "!"])[0]) == "a [UNK]!"
 
 
-def test_greek_final_sigma_lower_cases_like_str_lower(uncased, reference_uncased):
+def test_greek_final_sigma_lower_cases_like_str_lower(uncased):
     # str.lower() makes a word-final capital sigma "ς" and any other "σ". The original drops U+0001 and U+200B
     # before it lower-cases, so they do not end the word.
-    texts = ["ΟΔΟΣ", "ΟΔΟΣ.", "ΟΔΟΣΑ", "ΟΔΟΣ ΟΔΟΣ", "Σ", "ΑΣ\x01Α", "ΑΣ\u200bΑ", "ΑΣ\x01", "οδος ΟΔΟΣ"]
-    for text in texts:
-        assert uncased.tokenize(text) == reference_uncased.tokenize(text), text
     assert uncased.tokenize("ΟΔΟΣ") == ["ο", "##δ", "##ος"] and uncased.tokenize("ΟΔΟΣΑ")[-2:] == ["##σ", "##α"]
     assert uncased.tokenize("ΑΣ\x01Α") == uncased.tokenize("ασα") != uncased.tokenize("ας α")
 
 
-def test_private_use_and_recent_characters_are_kept_like_the_original(uncased, reference_uncased):
+def test_private_use_and_recent_characters_are_kept_like_the_original(uncased):
     # The original's clean-up drops only categories Cc and Cf (and U+0000, U+FFFD): private-use and unassigned code
     # points stay as (unknown) words, and U+2B820..U+2B91F are CJK ideographs that it puts spaces around.
-    texts = ["a \ue000 b", "a\U000F0000b \U0010FFFD", "a\x00b\ufffdc\u200dd\x7fe", "x\U0002B820y", "x\u0378y"]
-    for text in texts:
-        assert uncased.tokenize(text) == reference_uncased.tokenize(text), ascii(text)
+    assert uncased.tokenize("a\x00b\ufffdc\u200dd\x7fe") == uncased.tokenize("abcde")
     assert uncased.tokenize("a \ue000 b") == ["a", "[UNK]", "b"]
     assert uncased.tokenize("a\U000F0000b \U0010FFFD") == ["[UNK]", "[UNK]"]
     assert uncased.tokenize("x\U0002B820y") == ["x", "[UNK]", "y"]
 
 
-# Every code point but the surrogates (which no UTF-8 text can hold), alone and glued inside a word, in batches.
+# Every code point but the surrogates (which no UTF-8 text can hold).
 CODE_POINTS = [cp for cp in range(0x110000) if not 0xD800 <= cp <= 0xDFFF]
 CODE_POINTS_PER_TEXT = 512
 
 
-def _sweep_text(code_points):
-    return " ".join(f"{chr(cp)} a{chr(cp)}b" for cp in code_points)
-
-
-def _words(tokenizer, text):
-    """The words our backend hands to WordPiece: what the original's BasicTokenizer returns."""
-    backend = tokenizer._backend
-    normalized = backend.normalizer.normalize_str(basic_tokenizer.prepare_text(text, tokenizer.do_lower_case))
-    return [word for word, _ in backend.pre_tokenizer.pre_tokenize_str(normalized)]
-
-
-@pytest.fixture(scope="module")
-def cased_vocab_file(tmp_path_factory):
-    """The uncased vocab plus every assigned character (per unicodedata) as a word and as a "##" continuation."""
-    with open(UNCASED_VOCAB, encoding="utf-8") as f:
-        words = f.read().split("\n")[:-1]
-    known = set(words)
-    for cp in CODE_POINTS:
-        char = chr(cp)
-        if unicodedata.category(char) not in ("Cn", "Co") and not char.isspace():
-            words += [piece for piece in (char, "##" + char) if piece not in known]
-    return _write_vocab(tmp_path_factory.mktemp("cased") / "vocab.txt", words)
-
-
-def _differs(ours, original, text, compare_words):
-    """Whether our ids (and words, what WordPiece gets) differ from the original FullTokenizer's (BasicTokenizer's)."""
-    words = original.basic_tokenizer.tokenize(text)
-    tokens = [piece for word in words for piece in original.wordpiece_tokenizer.tokenize(word)]  # FullTokenizer's
-    return (ours.encode_batch([text])[0] != original.convert_tokens_to_ids(tokens) or
-            compare_words and _words(ours, text) != words)
-
-
-@pytest.mark.parametrize("do_lower_case", [True, False], ids=["uncased", "cased"])
-def test_every_code_point_tokenizes_like_the_original(do_lower_case, cased_vocab_file):
-    vocab_file = UNCASED_VOCAB if do_lower_case else cased_vocab_file
-    # The uncased vocab makes most characters [UNK], which would hide a wrong word, so words are compared too; the
-    # cased vocab holds every assigned character, and the cased steps change no character, so ids show any difference.
-    compare_words = do_lower_case
-    ours = load_tokenizer(vocab_file, do_lower_case=do_lower_case)
-    original = reference.FullTokenizer(vocab_file, do_lower_case=do_lower_case)
+def test_every_code_point_tokenizes_like_the_original(recorded):
+    """Each code point's ids against the original's for it alone. Checked in texts of 512 code points apart by
+    spaces (the ids of each alone, one after the other); a text that differs is checked one code point at a time,
+    so that the failure names them."""
+    do_lower_case, expected, _ = recorded
+    assert sorted(expected) == CODE_POINTS
+    tokenizer = load_tokenizer(UNCASED_VOCAB, do_lower_case=do_lower_case)
     chunks = [CODE_POINTS[i:i + CODE_POINTS_PER_TEXT] for i in range(0, len(CODE_POINTS), CODE_POINTS_PER_TEXT)]
-    texts = [_sweep_text(chunk) for chunk in chunks]
+    texts = [" ".join(map(chr, chunk)) for chunk in chunks]
     differing = []
-    for chunk, text, our_ids in zip(chunks, texts, ours.encode_batch(texts)):
-        words = original.basic_tokenizer.tokenize(text)
-        tokens = [piece for word in words for piece in original.wordpiece_tokenizer.tokenize(word)]
-        if our_ids != original.convert_tokens_to_ids(tokens) or compare_words and _words(ours, text) != words:
-            alone = [cp for cp in chunk if _differs(ours, original, _sweep_text([cp]), compare_words)]
-            assert alone, f"the text of U+{chunk[0]:04X}..U+{chunk[-1]:04X} differs, but no code point alone does"
+    for chunk, ids in zip(chunks, tokenizer.encode_batch(texts)):
+        if ids != [token for cp in chunk for token in expected[cp]]:
+            alone = tokenizer.encode_batch([chr(cp) for cp in chunk])
+            alone = [cp for cp, ours in zip(chunk, alone) if ours != expected[cp]]
+            assert alone, f"U+{chunk[0]:04X}..U+{chunk[-1]:04X} apart differ, but no code point alone does"
             differing += alone
     assert not differing, f"{len(differing)} code points differ: {' '.join(f'U+{cp:04X}' for cp in differing[:100])}"
 

@@ -21,6 +21,7 @@ os.environ["XLA_FLAGS"] = _runtime.with_cpu_xla_flags(os.environ["XLA_FLAGS"])
 
 
 import logging  # noqa: E402
+import socket  # noqa: E402
 
 import pytest  # noqa: E402
 
@@ -34,6 +35,21 @@ def _logging_levels():
     yield
     for logger, level in zip(loggers, levels):
         logger.setLevel(level)
+
+
+@pytest.fixture
+def network_attempts(monkeypatch):
+    """Fails any network connection fast and records it: TFDS retries downloads for minutes when offline."""
+    attempts = []
+
+    def refuse(*args, **kwargs):
+        attempts.append(args)
+        raise OSError("network access attempted in a test")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    monkeypatch.setattr(socket, "getaddrinfo", refuse)
+    return attempts
 
 
 # Scheduling over pytest-xdist workers, per-test limits and the per-test log: a plugin of its own, so that a test can

@@ -6,7 +6,6 @@ import gzip
 import inspect
 import logging
 import os
-import socket
 import textwrap
 
 import numpy as np
@@ -226,21 +225,6 @@ def test_demo_source_and_written_file_give_the_same_documents(tmp_path, demo_tex
 
 # ---------------------------------------------------------------------------------------------------------------
 # TensorFlow Datasets
-
-
-@pytest.fixture
-def network_attempts(monkeypatch):
-    """Fails any network connection fast and records it: TFDS retries downloads for minutes when offline."""
-    attempts = []
-
-    def refuse(*args, **kwargs):
-        attempts.append(args)
-        raise OSError("network access attempted in a test")
-
-    monkeypatch.setattr(socket.socket, "connect", refuse)
-    monkeypatch.setattr(socket, "create_connection", refuse)
-    monkeypatch.setattr(socket, "getaddrinfo", refuse)
-    return attempts
 
 
 WIKI40B_ARTICLE = ("\n_START_ARTICLE_\nBlazing Star\n_START_SECTION_\nHistory\n_START_PARAGRAPH_\n"

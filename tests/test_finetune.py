@@ -8,7 +8,6 @@ import json
 import os
 import shlex
 import shutil
-import socket
 import sys
 
 import flax.linen as nn
@@ -353,21 +352,6 @@ def test_mean_pooling_ignores_padding_and_last4_concatenates_layers(task, pretra
     assert last4.shape == (2, 4 * 128)
     np.testing.assert_allclose(last4[:, :128], cls, rtol=1e-5, atol=1e-5)  # the last layer comes first
     assert not np.allclose(last4[:, 128:256], cls, atol=1e-3)
-
-
-@pytest.fixture
-def network_attempts(monkeypatch):
-    """Fails any network connection fast and records it: TFDS retries downloads for minutes when offline."""
-    attempts = []
-
-    def refuse(*args, **kwargs):
-        attempts.append(args)
-        raise OSError("network access attempted in a test")
-
-    monkeypatch.setattr(socket.socket, "connect", refuse)
-    monkeypatch.setattr(socket, "create_connection", refuse)
-    monkeypatch.setattr(socket, "getaddrinfo", refuse)
-    return attempts
 
 
 def test_bad_csv_inputs_name_the_column_and_the_file(task, tmp_path):

@@ -21,7 +21,7 @@ from bert_jax import model as model_lib
 from configs import pretrain
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# What `python -m bert_jax.aot` sets before JAX starts (aot._set_compile_only_environment): the tests compile in
+# What `python -m bert_jax.aot` sets before JAX starts (bert_jax/aot/__main__.py, _set_compile_only_environment): the tests compile in
 # this process, beside other test processes that may load libtpu too.
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 TOPOLOGY = "v5e:2x2"  # 4 chips, one host: the smallest slice that holds an fsdp x tensor = 2 x 2 mesh
@@ -249,7 +249,7 @@ def test_planner_finds_a_batch_the_plain_compile_confirms_and_rejects_the_next(t
     compile at its answer. The plain AOT path confirms that the batch it returns fits with 10% headroom and that the
     next size up it names does not; a second plan is served from the cache."""
     _require_libtpu()
-    from bert_jax import planner  # pylint: disable=import-outside-toplevel
+    from bert_jax.aot import planner  # pylint: disable=import-outside-toplevel
     config, budget, headroom = pretrain.get_config("size=tiny"), 64 << 20, 0.1
     config.model.dropout_rate = config.model.attention_dropout_rate = 0.0
     candidate = planner.Candidate(data=1, fsdp=2, tensor=2, remat="none", scan_layers=False)
@@ -267,7 +267,7 @@ def test_planner_finds_a_batch_the_plain_compile_confirms_and_rejects_the_next(t
         if fits:  # compiled, not predicted: the plain path's report figure for figure
             assert dataclasses.replace(plain, lower_seconds=0, compile_seconds=0) == dataclasses.replace(
                 report, lower_seconds=0, compile_seconds=0)
-    assert planner.flags(row, 1) == ("--config.mesh.dcn_data=1 --config.mesh.data=1 --config.mesh.fsdp=2 "
+    assert planner.flag_line(row, 1) == ("--config.mesh.dcn_data=1 --config.mesh.data=1 --config.mesh.fsdp=2 "
                                      "--config.mesh.tensor=2 --config.model.remat=none --config.model.scan_layers="
                                      f"False --config.train.batch_size={row.report.batch_size} "
                                      "--config.optim.grad_accum_steps=1")
@@ -289,7 +289,7 @@ def test_an_error_in_the_compiling_process_is_raised_in_the_planner_as_it_is(tmp
     """A configuration the step refuses (a batch the mesh does not divide) raises the same ValueError, naming the
     flag, as compiling it in the planner's own process would; nothing is cached for it."""
     _require_libtpu()
-    from bert_jax import planner  # pylint: disable=import-outside-toplevel
+    from bert_jax.aot import planner  # pylint: disable=import-outside-toplevel
     config = planner.configure(pretrain.get_config("size=tiny"), planner.Candidate(4, 1, 1, "none", False), 1, 1)
     config.train.batch_size = 6
     cache = planner.ReportCache(str(tmp_path))

@@ -1,4 +1,4 @@
-"""The planner's search (bert_jax.planner) on made-up compilers, whose memory and work per batch are known, and its
+"""The planner's search (bert_jax.aot.planner) on made-up compilers, whose memory and work per batch are known, and its
 step-time model (bert_jax.chips). The real compiles are in tests/test_aot.py."""
 
 import dataclasses
@@ -8,7 +8,7 @@ import pytest
 
 from bert_jax import aot
 from bert_jax import chips
-from bert_jax import planner
+from bert_jax.aot import planner
 
 TOPOLOGY = "v5e:2x2"
 V5E = chips.CHIPS["v5e"]
@@ -115,7 +115,7 @@ def test_a_target_batch_is_reached_by_the_largest_micro_batch_that_fits_and_accu
     assert (128, 8) in compiler.calls and planner.fits_with_headroom(_report(128, 8), 0.1)
     micro = chips.estimate(V5E, 1e9 * 128, 4e9 + 1e7 * 128, fixed_bytes=4e9)
     assert row.seconds == pytest.approx(8 * micro.seconds)
-    assert planner.flags(row, 1).endswith("--config.train.batch_size=4096 --config.optim.grad_accum_steps=8")
+    assert planner.flag_line(row, 1).endswith("--config.train.batch_size=4096 --config.optim.grad_accum_steps=8")
     # A target that fits whole needs no accumulation.
     small = _plan_one(Compiler(flops_per_row=1e9), target_rows=64)
     assert (small.rows_per_shard, small.accum_steps, small.limit) == (64, 1, "target")

@@ -661,7 +661,8 @@ def best(rows: list[PlanRow]) -> PlanRow | None:
     return max(fitting, key=lambda row: (round(row.sequences_per_s_per_chip, 6), row.global_batch))
 
 
-def flags(row: PlanRow, num_slices: int) -> str:
+def flag_line(row: PlanRow, num_slices: int) -> str:
+    """The driver flags that run `row`."""
     candidate = row.candidate
     return (f"--config.mesh.dcn_data={num_slices} --config.mesh.data={candidate.data} "
             f"--config.mesh.fsdp={candidate.fsdp} --config.mesh.tensor={candidate.tensor} "
@@ -758,5 +759,5 @@ def run(config, topology: str, num_slices: int, cache_dir: str, headroom: float,
     else:
         print_fn(f"fastest predicted: {chosen.candidate.label}, global batch {chosen.global_batch}"
                  + (f" ({chosen.accum_steps} accumulated micro-batches)" if chosen.accum_steps > 1 else "")
-                 + f", {chosen.sequences_per_s_per_chip:.4g} sequences/s per chip\n{flags(chosen, num_slices)}")
+                 + f", {chosen.sequences_per_s_per_chip:.4g} sequences/s per chip\n{flag_line(chosen, num_slices)}")
     return chosen

@@ -21,13 +21,10 @@ holding a NaN is never saved. Restoring onto a different mesh or device count wo
 shardings of the new state.
 """
 
-import collections
 import contextlib
 import dataclasses
-import logging as std_logging
 import os
 import signal
-import sys
 import threading
 import time
 from typing import Any
@@ -406,57 +403,6 @@ class Checkpointer:
             multihost_utils.sync_global_devices(f"bert_jax_set_aside_{step}_{suffix}")
         self.manager.reload()
         return target
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Logs of the checkpoint libraries, for the driver to install (process-wide, so never on import).
-
-# Orbax, and TensorFlow's checkpointing of the input position, log every step of every save at INFO.
-_CHATTY = (f"{os.sep}orbax{os.sep}", os.path.join("tensorflow", "python", "checkpoint", ""))
-
-
-class QuietLogs(std_logging.Filter):
-    """Keeps every line of ours, and the checkpoint libraries' warnings and errors without their tracebacks
-    (--verbosity=1 keeps them). A failed save is logged by each of Orbax's threads and, at exit, by asyncio once per
-    abandoned write; bert_jax reports it once, so asyncio's repeats of one message are dropped too."""
-
-    def __init__(self):
-        super().__init__()
-        self.seen = set()
-
-    def filter(self, record) -> bool:
-        from_asyncio = record.name == "asyncio"
-        if not from_asyncio and not any(part in record.pathname for part in _CHATTY):
-            return True
-        if record.levelno < std_logging.WARNING:
-            return False
-        if logging.get_verbosity() < logging.DEBUG:
-            record.exc_info, record.exc_text = None, None
-            if from_asyncio:
-                first_line = record.getMessage().split("\n", 1)[0]
-                if first_line in self.seen:
-                    return False
-                self.seen.add(first_line)
-        return True
-
-
-QUIET_LOGS = QuietLogs()  # the driver adds it to absl's handler
-
-
-def report_unraisable_once(unraisable, seen=collections.Counter()) -> None:
-    """A sys.unraisablehook (the driver installs it): an exception that a background callback could not raise,
-    logged once per message.
-
-    After a failed save or restore, each of TensorStore's pending callbacks finds Orbax's event loop closed and
-    prints the same traceback (a hundred or more per checkpoint); the error itself is reported once, by us.
-    """
-    key = f"{type(unraisable.exc_value).__name__}: {unraisable.exc_value}"
-    seen[key] += 1
-    if logging.get_verbosity() >= logging.DEBUG:
-        sys.__unraisablehook__(unraisable)
-    elif seen[key] == 1:
-        logging.warning("ignored in a background callback: %s (repeats are not logged; --verbosity=1 shows them)",
-                        key)
 
 
 def step_directory(path: str) -> epath.Path | None:

@@ -4,10 +4,7 @@ The same command runs on a laptop CPU, a GPU cluster (one process per host or pe
 TPU pod slice; see launch/ for the per-platform wrappers.
 """
 
-import importlib.metadata
-import importlib.util
 import os
-import platform
 import sys
 
 from absl import app
@@ -54,7 +51,6 @@ flags.mark_flags_as_required(["config", "workdir"])
 def main(argv):
     if len(argv) > 1:
         raise ValueError(f"unexpected arguments {argv[1:]}: every setting is a --flag or a --config.FIELD=VALUE")
-    logging.get_absl_handler().addFilter(checkpoint.QUIET_LOGS)
     _check_workdir(FLAGS.workdir)
     # libtpu reads LIBTPU_INIT_ARGS when JAX starts its TPU backend (below): what the config's dropout RNG needs.
     os.environ["LIBTPU_INIT_ARGS"] = train.with_libtpu_options(os.environ.get("LIBTPU_INIT_ARGS", ""),
@@ -141,42 +137,9 @@ def _parse_flags(argv):
     sys.exit(1)
 
 
-def _runs_on_the_cpu(platforms: str | None = None) -> bool:
-    """Whether JAX will pick its CPU backend (asked before it starts: `platforms`, default jax_platforms, which
-    JAX_PLATFORMS sets; else no TPU or GPU plugin installed)."""
-    platforms = jax.config.jax_platforms if platforms is None else platforms
-    if platforms:
-        return platforms.split(",")[0].strip() == "cpu"
-    return (importlib.util.find_spec("libtpu") is None and importlib.util.find_spec("jax_plugins") is None
-            and not importlib.metadata.entry_points(group="jax_plugins"))
-
-
-def _started_as_the_driver() -> bool:
-    """`python -m bert_jax.main` or the `bert-jax` script, not a program that calls run() (which exec must not
-    replace)."""
-    program = sys.argv[0] if sys.argv else ""
-    return os.path.abspath(program) == os.path.abspath(__file__) or os.path.basename(program) == "bert-jax"
-
-
-def _with_cpu_glibc_tunables() -> None:
-    """Re-executes this process once with GLIBC_TUNABLES=runtime.CPU_GLIBC_TUNABLES on a glibc CPU run; the variable,
-    set from then on, stops a second exec."""
-    if ("GLIBC_TUNABLES" in os.environ or not sys.platform.startswith("linux") or not _started_as_the_driver()
-            or platform.libc_ver()[0] != "glibc" or not _runs_on_the_cpu()):
-        return
-    os.environ["GLIBC_TUNABLES"] = runtime.CPU_GLIBC_TUNABLES
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # orig_argv keeps the interpreter's own options and `-m bert_jax.main` (or the script's path).
-    os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
-
-
 def run():
     """Console-script entry point (`bert-jax`)."""
-    os.environ["XLA_FLAGS"] = runtime.with_cpu_xla_flags(os.environ.get("XLA_FLAGS", ""))
-    runtime.without_an_absent_tpu()
-    _with_cpu_glibc_tunables()
-    sys.unraisablehook = checkpoint.report_unraisable_once
+    runtime.set_up_driver(__file__)
     app.run(_main_reporting_user_errors, flags_parser=_parse_flags)
 
 

@@ -1,11 +1,21 @@
-"""Process-wide settings made before JAX starts its backend, shared by the driver (bert_jax.main) and the benchmark
-programs. Nothing here runs at import, and importing it imports no JAX (a torch benchmark process loads it too).
+"""The driver's process set-up (set_up_driver), made before JAX starts its backend: XLA:CPU's options, the CPU where
+no accelerator is attached, glibc's allocator on CPU runs, and the checkpoint libraries' logs and background errors.
+The benchmark programs and launch/local.sh read the same settings here. Nothing runs at import, and importing it
+imports no JAX (a torch benchmark process loads it too).
 """
 
+import collections
+import importlib.metadata
 import importlib.util
+import logging as std_logging
+import os
+import platform
+import sys
+
+from absl import logging
 
 # XLA:CPU options, set before JAX starts its backend (it reads XLA_FLAGS then, not at import). Other backends ignore
-# them. launch/local.sh and tests/conftest.py set the same ones.
+# them. launch/local.sh and tests/conftest.py read them here.
 CPU_XLA_FLAGS = (
     # YNNPACK fusions for reductions only: its dot fusions returned NaN for a dot with a constant operand fused into
     # a reduction (jaxlib 0.10.2), and without "reduce" XLA:CPU emits each reduction as a much slower loop.
@@ -41,3 +51,93 @@ def without_an_absent_tpu() -> None:
     if not (hardware_utils.num_available_tpu_chips_and_device_id()[0] or hardware_utils.has_visible_nvidia_gpu()
             or hardware_utils.num_available_amd_gpus(stop_at=1)):
         jax.config.update("jax_platforms", "cpu")
+
+
+# The checkpoint libraries' logs and background errors, for the driver to tame (process-wide, so never on import).
+
+# Orbax, and TensorFlow's checkpointing of the input position, log every step of every save at INFO.
+_CHATTY = (f"{os.sep}orbax{os.sep}", os.path.join("tensorflow", "python", "checkpoint", ""))
+
+
+class QuietLogs(std_logging.Filter):
+    """Keeps every line of ours, and the checkpoint libraries' warnings and errors without their tracebacks
+    (--verbosity=1 keeps them). A failed save is logged by each of Orbax's threads and, at exit, by asyncio once per
+    abandoned write; bert_jax reports it once, so asyncio's repeats of one message are dropped too."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = set()
+
+    def filter(self, record) -> bool:
+        from_asyncio = record.name == "asyncio"
+        if not from_asyncio and not any(part in record.pathname for part in _CHATTY):
+            return True
+        if record.levelno < std_logging.WARNING:
+            return False
+        if logging.get_verbosity() < logging.DEBUG:
+            record.exc_info, record.exc_text = None, None
+            if from_asyncio:
+                first_line = record.getMessage().split("\n", 1)[0]
+                if first_line in self.seen:
+                    return False
+                self.seen.add(first_line)
+        return True
+
+
+def report_unraisable_once(unraisable, seen=collections.Counter()) -> None:
+    """A sys.unraisablehook (the driver installs it): an exception that a background callback could not raise,
+    logged once per message.
+
+    After a failed save or restore, each of TensorStore's pending callbacks finds Orbax's event loop closed and
+    prints the same traceback (a hundred or more per checkpoint); the error itself is reported once, by us.
+    """
+    key = f"{type(unraisable.exc_value).__name__}: {unraisable.exc_value}"
+    seen[key] += 1
+    if logging.get_verbosity() >= logging.DEBUG:
+        sys.__unraisablehook__(unraisable)
+    elif seen[key] == 1:
+        logging.warning("ignored in a background callback: %s (repeats are not logged; --verbosity=1 shows them)",
+                        key)
+
+
+def runs_on_the_cpu(platforms: str | None = None) -> bool:
+    """Whether JAX will pick its CPU backend (asked before it starts: `platforms`, default jax_platforms, which
+    JAX_PLATFORMS sets; else no TPU or GPU plugin installed)."""
+    if platforms is None:
+        import jax  # pylint: disable=import-outside-toplevel  # here, not at import: see the module docstring
+        platforms = jax.config.jax_platforms
+    if platforms:
+        return platforms.split(",")[0].strip() == "cpu"
+    return (importlib.util.find_spec("libtpu") is None and importlib.util.find_spec("jax_plugins") is None
+            and not importlib.metadata.entry_points(group="jax_plugins"))
+
+
+def _started_as(driver_file: str) -> bool:
+    """`python -m bert_jax.main` or the `bert-jax` script, not a program that calls its run() (which exec must not
+    replace)."""
+    program = sys.argv[0] if sys.argv else ""
+    return os.path.abspath(program) == os.path.abspath(driver_file) or os.path.basename(program) == "bert-jax"
+
+
+def with_cpu_glibc_tunables(driver_file: str) -> None:
+    """Re-executes this process once with GLIBC_TUNABLES=CPU_GLIBC_TUNABLES on a glibc CPU run of the driver
+    (`driver_file`); the variable, set from then on, stops a second exec."""
+    if ("GLIBC_TUNABLES" in os.environ or not sys.platform.startswith("linux") or not _started_as(driver_file)
+            or platform.libc_ver()[0] != "glibc" or not runs_on_the_cpu()):
+        return
+    os.environ["GLIBC_TUNABLES"] = CPU_GLIBC_TUNABLES
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # orig_argv keeps the interpreter's own options and `-m bert_jax.main` (or the script's path).
+    os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
+
+
+def set_up_driver(driver_file: str) -> None:
+    """The driver's process, before JAX starts its backend: XLA:CPU's options, the CPU where no accelerator is
+    attached, glibc's allocator on CPU runs (a re-execution), and the checkpoint libraries' logs and background
+    errors reported once."""
+    os.environ["XLA_FLAGS"] = with_cpu_xla_flags(os.environ.get("XLA_FLAGS", ""))
+    without_an_absent_tpu()
+    with_cpu_glibc_tunables(driver_file)
+    sys.unraisablehook = report_unraisable_once
+    logging.get_absl_handler().addFilter(QuietLogs())

@@ -29,15 +29,19 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 
-# The driver's XLA:CPU options (bert_jax.runtime.CPU_XLA_FLAGS; the driver adds them too, --dry-run shows them here),
-# each only where XLA_FLAGS does not name it, so `XLA_FLAGS=--NAME=VALUE launch/local.sh ...` overrides it.
-xla_flags="${XLA_FLAGS:-}"
-cpu_xla_flags=(--xla_cpu_experimental_ynn_fusion_type=reduce)
-for flag in "${cpu_xla_flags[@]}"; do
-  if [[ " ${xla_flags} " != *" ${flag%%=*}="* && " ${xla_flags} " != *" ${flag%%=*} "* ]]; then
-    xla_flags="${xla_flags:+${xla_flags} }${flag}"
-  fi
-done
+# The driver's XLA:CPU options and allocator setting, from the one table that holds them (bert_jax.runtime; the
+# driver adds the options too, --dry-run shows them here), each option only where XLA_FLAGS does not name it, so
+# `XLA_FLAGS=--NAME=VALUE launch/local.sh ...` overrides it.
+read -r -d '' settings < <(python -c 'import os, sys
+from bert_jax import runtime
+print(runtime.with_cpu_xla_flags(os.environ.get("XLA_FLAGS", "")))
+print(runtime.CPU_GLIBC_TUNABLES)') || true
+{ read -r xla_flags; read -r tunables; } <<< "${settings}"
+if [[ -z "${tunables}" ]]; then
+  echo "$(basename "$0"): error: cannot import bert_jax with $(command -v python || echo 'no python'): install it" \
+    "first (pip install -e .)" >&2
+  exit 1
+fi
 env_prefix=(env "XLA_FLAGS=${xla_flags}")
 if [[ "${fake_devices}" -gt 0 ]]; then
   # Several CPU "devices" on one host: exercises data/FSDP/tensor sharding without accelerators.
@@ -46,7 +50,6 @@ fi
 if [[ "${tuned_malloc}" -eq 1 ]]; then
   # Read by glibc when the process starts. The user's own GLIBC_TUNABLES come last: where a name repeats, glibc
   # keeps the last value, so the user's win.
-  tunables=glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=2147483647
   env_prefix+=("GLIBC_TUNABLES=${tunables}${GLIBC_TUNABLES:+:${GLIBC_TUNABLES}}")
 fi
 command=("${env_prefix[@]}" python -m bert_jax.main "${args[@]}")

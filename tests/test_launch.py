@@ -84,9 +84,11 @@ def fake_bin(tmp_path):
         #!/usr/bin/env bash
         echo "${FAKE_TIME_LEFT:-UNLIMITED}"
         """)
-    # python: the driver, recording its arguments and whether SLURM_LOCALID reached it.
+    # python: the driver, recording its arguments and whether SLURM_LOCALID reached it; `python -c` (local.sh reads
+    # the driver's process settings from bert_jax.runtime) is the real interpreter.
     _write_executable(bin_dir / "python", r"""
         #!/usr/bin/env bash
+        if [[ "$1" == -c ]]; then exec "$REAL_PYTHON" "$@"; fi
         printf '%s\n' "$@" > "$FAKE_ARGV"
         echo "SLURM_LOCALID=${SLURM_LOCALID-unset}" >> "$FAKE_ARGV"
         echo "step 1/1 | fake driver"
@@ -98,7 +100,7 @@ def fake_bin(tmp_path):
 def _env(tmp_path, fake_bin, **extra):
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     env.update(PATH=f"{fake_bin}:/usr/bin:/bin", TMPDIR=str(tmp_path), FAKE_CALLS=str(tmp_path / "calls.txt"),
-               FAKE_ARGV=str(tmp_path / "argv.txt"), BERT_JAX_POLL_SECONDS="0")
+               FAKE_ARGV=str(tmp_path / "argv.txt"), BERT_JAX_POLL_SECONDS="0", REAL_PYTHON=sys.executable)
     env.update(extra)
     return env
 

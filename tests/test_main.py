@@ -337,19 +337,19 @@ def exec_calls(monkeypatch):
     # inherit the tuned allocator).
     monkeypatch.setenv("GLIBC_TUNABLES", "")
     monkeypatch.delenv("GLIBC_TUNABLES")
-    monkeypatch.setattr(driver, "_runs_on_the_cpu", lambda: True)
+    monkeypatch.setattr(runtime, "runs_on_the_cpu", lambda: True)
     return calls
 
 
 def test_a_cpu_run_re_executes_itself_once_with_the_glibc_tunables(exec_calls, monkeypatch):
     from bert_jax import main as driver  # pylint: disable=import-outside-toplevel
-    if driver.platform.libc_ver()[0] != "glibc" or not sys.platform.startswith("linux"):
+    if runtime.platform.libc_ver()[0] != "glibc" or not sys.platform.startswith("linux"):
         pytest.skip("GLIBC_TUNABLES is glibc's")
-    driver._with_cpu_glibc_tunables()  # pylint: disable=protected-access
+    runtime.with_cpu_glibc_tunables(driver.__file__)
     # The same interpreter, its options and module; the variable set from then on stops a second exec.
     assert exec_calls == [(sys.executable, [sys.executable, "-X", "dev", "-m", "bert_jax.main", "--workdir=/w"],
                            runtime.CPU_GLIBC_TUNABLES)]
-    driver._with_cpu_glibc_tunables()  # pylint: disable=protected-access
+    runtime.with_cpu_glibc_tunables(driver.__file__)
     assert len(exec_calls) == 1
 
 
@@ -361,15 +361,14 @@ def test_the_glibc_tunables_are_left_alone(exec_calls, monkeypatch, case):
     elif case == "users_empty_value":  # how a user opts out
         monkeypatch.setenv("GLIBC_TUNABLES", "")
     elif case == "not_the_cpu":
-        monkeypatch.setattr(driver, "_runs_on_the_cpu", lambda: False)
+        monkeypatch.setattr(runtime, "runs_on_the_cpu", lambda: False)
     else:  # a program that calls run() itself (a test, a notebook) is never replaced by exec
         monkeypatch.setattr(sys, "argv", ["/usr/bin/pytest"])
     before = os.environ.get("GLIBC_TUNABLES")
-    driver._with_cpu_glibc_tunables()  # pylint: disable=protected-access
+    runtime.with_cpu_glibc_tunables(driver.__file__)
     assert exec_calls == [] and os.environ.get("GLIBC_TUNABLES") == before
 
 
 def test_the_platform_is_the_cpu_when_jax_platforms_names_it_first():
-    from bert_jax import main as driver  # pylint: disable=import-outside-toplevel
     for platforms, on_cpu in (("cpu", True), ("cpu,tpu", True), ("tpu,cpu", False), ("cuda", False)):
-        assert driver._runs_on_the_cpu(platforms) is on_cpu, platforms  # pylint: disable=protected-access
+        assert runtime.runs_on_the_cpu(platforms) is on_cpu, platforms

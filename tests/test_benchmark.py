@@ -1,6 +1,7 @@
 """Smoke test of the train-step benchmark (bert_jax.benchmarks.step): figures present and consistent, never timed."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -209,7 +210,10 @@ def test_finetune_benchmark_times_our_job_and_transformers_on_the_same_task():
     for side in ("jax", "torch"):
         [line] = [line for line in lines if line.startswith(f"round 1 {side}: steady ")]
         assert "examples/s (windows s: " in line and "peak RSS" in line
-        assert len(line.split("windows s: ")[1].split(")")[0].split(", ")) == 2  # 4 steps in windows of 2
+        windows = [float(value) for value in line.split("windows s: ")[1].split(")")[0].split(", ")]
+        assert len(windows) == 2  # 4 steps in windows of 2
+        loop = float(re.search(r"; loop ([\d.]+) s;", line).group(1))  # both sides' loops, compilation included
+        assert loop == pytest.approx(sum(windows), abs=0.06), line
     assert any(line.startswith("jax / torch: ") for line in lines)
     assert "Failed to find host bounds" not in result.stderr
 

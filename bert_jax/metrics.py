@@ -1,4 +1,5 @@
-"""What a run reports: the log line, TensorBoard scalars and metrics.jsonl, evaluation summaries, MFU peaks."""
+"""What a run reports: the log line, TensorBoard scalars and metrics.jsonl, evaluation summaries, and MFU (the
+model's FLOPs per sequence, the device's peak)."""
 
 import json
 import math
@@ -7,6 +8,7 @@ import os
 import jax
 
 from bert_jax import fileio
+from bert_jax import model as model_lib
 from bert_jax.data import tfrecord
 
 # Dense bf16 peak FLOP/s per chip, for the MFU estimate; matched against jax.Device.device_kind.
@@ -22,6 +24,42 @@ def summarize_eval(sums: dict[str, float]) -> dict[str, float]:
             "eval_mlm_perplexity": math.exp(min(mlm_loss, 80.0)),
             "eval_nsp_loss": sums["nsp_loss_sum"] / sums["nsp_count"],
             "eval_nsp_accuracy": sums["nsp_correct"] / sums["nsp_count"]}
+
+
+def model_flops_per_sequence(config: model_lib.BertConfig, seq_length: int, max_predictions: int) -> float:
+    """Training FLOPs (forward + backward = 3x forward) for one sequence, counting matmuls only.
+
+    6 * N * T for the encoder's matmul parameters N, 12 * L * d * T^2 for attention scores and context, and the MLM
+    head (transform and tied decoder) at the masked positions only, since that is all the model computes.
+    """
+    h, layers = config.hidden_size, config.num_layers
+    encoder_matmul_params = layers * (4 * h * h + 2 * h * config.intermediate_size)
+    encoder = 6 * encoder_matmul_params * seq_length + 12 * layers * h * seq_length * seq_length
+    mlm_head = 6 * max_predictions * (h * h + h * config.vocab_size)
+    pooler_and_nsp = 6 * (h * h + 2 * h)
+    return float(encoder + mlm_head + pooler_and_nsp)
+
+
+def head_cls_rows(nsp_positions) -> int:
+    """[CLS] rows per row of the batch that the NSP head reads: 1, or (packed rows) nsp_positions' width."""
+    return 1 if nsp_positions is None else nsp_positions.shape[1]
+
+
+def step_matmul_flops_per_sequence(config: model_lib.BertConfig, seq_length: int, max_predictions: int,
+                                   cls_rows: int = 1) -> float:
+    """The matmul FLOPs the pretraining train step (BertForPreTraining with sequence_output=False) executes for one
+    row of `seq_length` tokens.
+
+    Unrolled, the last layer computes only the rows the heads read (`cls_rows` [CLS] rows, see head_cls_rows, and
+    the masked positions), so each other row skips its query and output projections, feed-forward and attention over
+    seq_length keys, forward and backward. Scanned layers compute every row of every layer: model_flops_per_sequence.
+    """
+    flops = model_flops_per_sequence(config, seq_length, max_predictions)
+    if config.scan_layers:
+        return flops
+    h = config.hidden_size
+    skipped_rows = max(seq_length - cls_rows - max_predictions, 0)
+    return flops - skipped_rows * 12 * h * (h + config.intermediate_size + seq_length)
 
 
 def peak_flops_per_device(device: jax.Device, override: float = 0.0) -> float:

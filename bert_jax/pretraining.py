@@ -247,7 +247,7 @@ def train_and_evaluate(config, workdir: str) -> dict[str, float]:
     init_architecture.write_run_model_config(workdir, run.model_config)  # what a later --config.init of this run reads
     data, train = config.data, config.train
     train_batches = run.make_iterator(split="train", seed=train.seed)
-    flops_per_step = model_lib.model_flops_per_sequence(
+    flops_per_step = metrics_lib.model_flops_per_sequence(
         run.model_config, data.max_seq_length, data.max_predictions_per_seq) * train.batch_size
     peak = metrics_lib.peak_flops_per_device(jax.devices()[0], train.peak_flops_per_device) * jax.device_count()
     checkpointer = _checkpointer(run)

@@ -17,6 +17,7 @@ import pytest
 
 from bert_jax import aot
 from bert_jax import chips
+from bert_jax import metrics as metrics_lib
 from bert_jax import model as model_lib
 from configs import pretrain
 
@@ -91,9 +92,9 @@ def test_compiled_step_flops_match_the_model_per_chip():
     config = _tiny_config()
     model_config = model_lib.BertConfig.from_config(config.model)
     rows_per_chip = config.train.batch_size / 4
-    expected = model_lib.model_flops_per_sequence(model_config, 128, 20) * rows_per_chip
+    expected = metrics_lib.model_flops_per_sequence(model_config, 128, 20) * rows_per_chip
     assert report.model_flops_per_device == pytest.approx(expected)
-    executed = model_lib.step_matmul_flops_per_sequence(model_config, 128, 20) * rows_per_chip
+    executed = metrics_lib.step_matmul_flops_per_sequence(model_config, 128, 20) * rows_per_chip
     assert report.executed_flops_per_device == pytest.approx(executed) and executed < expected
     assert report.flops_per_device == compiled.cost_analysis()["flops"]
     # XLA's traffic for the program, which the planner's step time reads: at least the state shard read and written.

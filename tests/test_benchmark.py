@@ -12,6 +12,7 @@ import pytest
 
 from bert_jax.benchmarks import step as benchmark
 from bert_jax.benchmarks import matmul_bound
+from bert_jax import metrics as metrics_lib
 from bert_jax import model as model_lib
 from bert_jax import runtime
 from tests.helpers import ROOT
@@ -28,7 +29,7 @@ def test_run_reports_jax_and_torch_steps_with_consistent_flops():
     assert result["max_predictions"] == 5  # 15% of 32
     assert len(result["step_times"]) == 2 and min(result["step_times"]) > 0 and result["step_s"] > 0
     assert result["compile_s"] > 0 and np.isfinite(result["loss"])
-    expected_flops = model_lib.model_flops_per_sequence(result["model_config"], 32, 5) * 4
+    expected_flops = metrics_lib.model_flops_per_sequence(result["model_config"], 32, 5) * 4
     assert result["flops_per_step"] == expected_flops
     assert result["tokens_per_s"] == pytest.approx(result["seq_per_s"] * 32)
     assert 0 < result["mfu_ceiling"] < 1.5
@@ -116,7 +117,7 @@ def test_model_flops_count_encoder_matmuls_attention_and_masked_head_only():
     seq, predictions, h, layers, vocab = 16, 3, 64, 2, 512
     expected = (6 * encoder_kernels * seq + 12 * layers * h * seq * seq
                 + 6 * predictions * (h * h + h * vocab) + 6 * (h * h + 2 * h))
-    assert model_lib.model_flops_per_sequence(config, seq, predictions) == expected
+    assert metrics_lib.model_flops_per_sequence(config, seq, predictions) == expected
 
 
 def test_synthetic_batch_masks_distinct_real_tokens():

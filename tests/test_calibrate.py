@@ -3,6 +3,7 @@
 import jax
 import pytest
 
+from bert_jax import metrics as metrics_lib
 from bert_jax import model as model_lib
 from bert_jax.benchmarks import calibrate
 from configs import pretrain
@@ -14,7 +15,7 @@ def test_the_estimate_is_made_from_the_compiled_steps_own_work():
     (row,) = calibrate.calibrate(["tiny"], seq_length=16, batch_size=devices, steps=1, bandwidth_mib=8,
                                  print_fn=lines.append, matmul_size=256)
     config = model_lib.BertConfig.from_config(pretrain.get_config("size=tiny").model)
-    executed = model_lib.step_matmul_flops_per_sequence(config, 16, 2) * row["batch"] / devices
+    executed = metrics_lib.step_matmul_flops_per_sequence(config, 16, 2) * row["batch"] / devices
     # XLA's count for one device's program: its share of the matmuls the step executes (forward and backward), and
     # the elementwise work and the optimizer's besides (large beside the matmuls of 16 tokens of tiny).
     assert executed <= row["flops"] <= 4 * executed

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from bert_jax import export
+from bert_jax import metrics as metrics_lib
 from bert_jax import model as model_lib
 from bert_jax import optim
 
@@ -248,8 +249,8 @@ def test_executed_matmul_flops_are_step_matmul_flops_per_sequence(scan_layers):
             params))
 
     predictions = _inputs()["masked_lm_positions"].shape[1]
-    assert flops(True) == BATCH * model_lib.model_flops_per_sequence(config, LENGTH, predictions)
-    assert flops(False) == BATCH * model_lib.step_matmul_flops_per_sequence(config, LENGTH, predictions)
+    assert flops(True) == BATCH * metrics_lib.model_flops_per_sequence(config, LENGTH, predictions)
+    assert flops(False) == BATCH * metrics_lib.step_matmul_flops_per_sequence(config, LENGTH, predictions)
     assert (flops(False) < flops(True)) == (not scan_layers)
 
 

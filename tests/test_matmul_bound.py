@@ -10,6 +10,7 @@ import pytest
 
 from bert_jax.benchmarks import step as benchmark
 from bert_jax.benchmarks import matmul_bound
+from bert_jax import metrics as metrics_lib
 from bert_jax import model as model_lib
 from bert_jax import optim
 from bert_jax import sharding as sharding_lib
@@ -155,17 +156,17 @@ def _train_step_matmuls(**model_overrides):
 
 def test_train_step_matmuls_are_the_counted_flops_and_remat_adds_the_recomputed_forward():
     counts, config = _train_step_matmuls()
-    model_flops = model_lib.model_flops_per_sequence(config, 32, 5) * 4
+    model_flops = metrics_lib.model_flops_per_sequence(config, 32, 5) * 4
     tokens, d, layers = 4 * 32, config.hidden_size, config.num_layers
     # The step's last layer computes the [CLS] and 5 masked rows of each sequence only: each of the other rows
     # skips its query/output projections, feed-forward and attention over 32 keys, forward and backward.
     skipped_rows = 4 * (32 - 1 - 5)
     skipped = skipped_rows * 12 * d * (d + config.intermediate_size + 32)
     assert _flops(counts) == model_flops - skipped
-    assert _flops(counts) == model_lib.step_matmul_flops_per_sequence(config, 32, 5) * 4
+    assert _flops(counts) == metrics_lib.step_matmul_flops_per_sequence(config, 32, 5) * 4
     # Scanned layers compute every row of every layer: the model FLOPs, counted through the scan's trip count.
     scanned, scanned_config = _train_step_matmuls(scan_layers=True)
-    assert _flops(scanned) == model_flops == model_lib.step_matmul_flops_per_sequence(scanned_config, 32, 5) * 4
+    assert _flops(scanned) == model_flops == metrics_lib.step_matmul_flops_per_sequence(scanned_config, 32, 5) * 4
     encoder_kernels = layers * (4 * d * d + 2 * d * config.intermediate_size)
     # remat=full recomputes every layer's forward in the backward pass: its projections and attention products
     # (the last layer's at its computed rows: the forward third of `skipped` is not recomputed either).

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from bert_jax import metrics as metrics_lib
 from bert_jax import model as model_lib
 from configs import pretrain
 from tests import helpers
@@ -249,7 +250,7 @@ def test_unknown_model_config_fields_are_refused():
 
 def test_model_flops_formula_for_base():
     config = _preset("base")
-    flops = model_lib.model_flops_per_sequence(config, 128, 20)
+    flops = metrics_lib.model_flops_per_sequence(config, 128, 20)
     # 6 * 85M encoder matmul parameters * 128 tokens dominates; attention adds 12*L*d*T^2.
     encoder = 6 * 12 * (4 * 768 * 768 + 2 * 768 * 3072) * 128 + 12 * 12 * 768 * 128 * 128
     head = 6 * 20 * (768 * 768 + 768 * 30522)
@@ -258,11 +259,11 @@ def test_model_flops_formula_for_base():
 
 def test_step_matmul_flops_count_the_last_layer_at_the_head_rows_unless_scanned():
     config = _preset("base")
-    full = model_lib.model_flops_per_sequence(config, 128, 20)
+    full = metrics_lib.model_flops_per_sequence(config, 128, 20)
     # Unrolled: 128 - 1 [CLS] - 20 masked rows of the last layer skip their projections, feed-forward and attention.
     skipped = (128 - 1 - 20) * 12 * 768 * (768 + 3072 + 128)
-    assert model_lib.step_matmul_flops_per_sequence(config, 128, 20) == full - skipped
-    assert model_lib.step_matmul_flops_per_sequence(config, 128, 20, cls_rows=3) == full - skipped + 2 * (
+    assert metrics_lib.step_matmul_flops_per_sequence(config, 128, 20) == full - skipped
+    assert metrics_lib.step_matmul_flops_per_sequence(config, 128, 20, cls_rows=3) == full - skipped + 2 * (
         12 * 768 * (768 + 3072 + 128))
     scanned = dataclasses.replace(config, scan_layers=True)
-    assert model_lib.step_matmul_flops_per_sequence(scanned, 128, 20) == full
+    assert metrics_lib.step_matmul_flops_per_sequence(scanned, 128, 20) == full

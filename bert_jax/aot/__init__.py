@@ -29,6 +29,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 import numpy as np
 
 from bert_jax import chips as chips_lib
+from bert_jax import metrics as metrics_lib
 from bert_jax import model as model_lib
 from bert_jax import optim
 from bert_jax import sharding as sharding_lib
@@ -120,8 +121,8 @@ class AotReport:
     xla_peak_bytes: int  # XLA's own peak figure (CompiledMemoryStats.peak_memory_in_bytes)
     flops_per_device: float  # compiled.cost_analysis()["flops"]: the per-device SPMD program
     while_loops: int  # while loops in the compiled program: each body's FLOPs are counted once, not per trip
-    model_flops_per_device: float  # bert_jax.model.model_flops_per_sequence * batch / chips
-    # bert_jax.model.step_matmul_flops_per_sequence * batch / chips: the matmul FLOPs the step executes (fewer than
+    model_flops_per_device: float  # bert_jax.metrics.model_flops_per_sequence * batch / chips
+    # bert_jax.metrics.step_matmul_flops_per_sequence * batch / chips: the matmul FLOPs the step executes (fewer than
     # the model FLOPs: the last layer computes the rows the heads read only)
     executed_flops_per_device: float
     hbm_bytes: int
@@ -271,9 +272,9 @@ def compile_train_step(config, topology: str, num_slices: int = 1):
         compiled_at = time.perf_counter()
     rows, seq_length = batch["input_ids"].shape
     predictions = batch["masked_lm_positions"].shape[1]
-    model_flops = model_lib.model_flops_per_sequence(model_config, seq_length, predictions) * rows
-    executed_flops = model_lib.step_matmul_flops_per_sequence(
-        model_config, seq_length, predictions, model_lib.head_cls_rows(batch.get("nsp_positions"))) * rows
+    model_flops = metrics_lib.model_flops_per_sequence(model_config, seq_length, predictions) * rows
+    executed_flops = metrics_lib.step_matmul_flops_per_sequence(
+        model_config, seq_length, predictions, metrics_lib.head_cls_rows(batch.get("nsp_positions"))) * rows
     common = dict(
         topology=topology if num_slices == 1 else f"{num_slices} x {topology}", device_kind=devices[0].device_kind,
         num_chips=len(devices), num_hosts=num_hosts,

@@ -213,8 +213,8 @@ def benchmark_step(size: str, seq_length: int, batch_size: int, max_predictions:
             bound = matmul_bound_lib.matmul_bound(step, state, device_batch, step_rng, timer=timer)
     del state
     median = statistics.median(times)
-    flops = model_lib.model_flops_per_sequence(model_config, seq_length, max_predictions) * batch_size
-    executed = model_lib.step_matmul_flops_per_sequence(model_config, seq_length, max_predictions) * batch_size
+    flops = metrics_lib.model_flops_per_sequence(model_config, seq_length, max_predictions) * batch_size
+    executed = metrics_lib.step_matmul_flops_per_sequence(model_config, seq_length, max_predictions) * batch_size
     return {"size": size, "seq_length": seq_length, "batch_size": batch_size, "max_predictions": max_predictions,
             "dtype": dtype, "num_devices": len(devices), "compile_s": compile_seconds, "step_s": median,
             "step_times": times, "seq_per_s": batch_size / median, "tokens_per_s": batch_size * seq_length / median,

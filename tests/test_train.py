@@ -1,7 +1,4 @@
-"""The train step, the optimizer, the loop and config validation."""
-
-import json
-import os
+"""The train step, the optimizer and config validation (the loop: test_pretraining.py)."""
 
 import jax
 import numpy as np
@@ -11,12 +8,10 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from bert_jax import model as model_lib
 from bert_jax import optim
-from bert_jax import pretraining
 from bert_jax import sharding as sharding_lib
 from bert_jax import train
 from bert_jax.data import input_pipeline
 from tests import helpers
-from tests._session import small_records, trained_run  # noqa: F401  (session fixtures)
 
 
 def _trainer(config, devices=1, state=None):
@@ -190,20 +185,6 @@ def test_optimizer_equals_the_optax_chain():
     assert not np.allclose(ours[0]["kernel"], params["kernel"])
 
 
-def test_loop_logs_metrics_and_evaluates(trained_run):
-    """tests/_session.py's run: 4 steps on TFRecords over a 2x2x2 mesh, logging every 2, evaluating at step 4."""
-    workdir, final = trained_run["workdir"], trained_run["final"]
-    lines = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8")]
-    assert [line["step"] for line in lines] == [2, 4]
-    assert final["step"] == 4
-    for key in ("sequences_per_second", "tokens_per_second", "eval_mlm_loss", "eval_mlm_accuracy",
-                "eval_mlm_perplexity", "eval_nsp_loss", "eval_nsp_accuracy"):
-        assert key in final, key
-    assert "eval_mlm_loss" in lines[1] and "eval_mlm_loss" not in lines[0]  # evaluated at eval_every only
-    assert final["eval_mlm_perplexity"] == pytest.approx(np.exp(final["eval_mlm_loss"]), rel=1e-6)
-    assert os.listdir(os.path.join(workdir, "tensorboard"))
-
-
 @pytest.mark.parametrize("field, value, message", [
     ("train.batch_size", 12, "must be a positive multiple of the 8 data-parallel devices"),
     ("optim.grad_accum_steps", 3, "must divide the per-device batch"),
@@ -227,20 +208,3 @@ def test_locked_config_refuses_misspelt_fields():
     config.lock()
     with pytest.raises(AttributeError, match="learning_rat"):
         config.optim.learning_rat = 1.0
-
-
-def test_a_one_step_run_still_logs_its_losses(tmp_path):
-    config = _one_layer(helpers.tiny_config((-1, 1, 1), num_steps=1, log_every=10))
-    final = pretraining.train_and_evaluate(config, str(tmp_path))
-    assert final["step"] == 1
-    assert final["mlm_loss"] == pytest.approx(np.log(helpers.TINY_VOCAB), rel=0.05)
-    assert "sequences_per_second" not in final  # one step is all compilation: no rate to report
-
-
-def test_the_trainer_never_makes_data_it_refuses_an_unprepared_corpus_config(tmp_path):
-    config = helpers.tiny_config((-1, 1, 1))
-    config.data.source, config.data.corpus = "corpus", f"{helpers.FIXTURES}/sample_text.txt"
-    for job in (pretraining.train_and_evaluate, pretraining.evaluate_checkpoint, pretraining.export_checkpoint):
-        with pytest.raises(ValueError, match=r"bert_jax.data.workdir.prepare\(config, workdir\)"):
-            job(config, str(tmp_path))
-    assert list(tmp_path.iterdir()) == []

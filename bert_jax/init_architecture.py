@@ -16,6 +16,7 @@ import jax
 
 from bert_jax import fileio
 from bert_jax import model as model_lib
+from bert_jax import presets
 from bert_jax import pretrained
 from bert_jax.data import tokenization
 from bert_jax.export import FLAX_CONFIG, TF_CONFIG, VOCAB_FILE
@@ -124,8 +125,7 @@ def _preset_model(config) -> dict | None:
     preset = config.get("model_preset")
     if not preset:
         return None
-    from configs import pretrain  # pylint: disable=import-outside-toplevel  # the recipes own the presets
-    return pretrain.model_config(preset).to_dict()
+    return presets.model_config(preset).to_dict()
 
 
 def resolve_init_architecture(config, command_line=()):
@@ -198,10 +198,9 @@ def _warn_if_another_preset(config, source: InitArchitecture) -> None:
     preset = config.get("model_preset")
     if not preset or not all(field in source.values for field in ("num_layers", "hidden_size", "num_heads")):
         return
-    from configs import pretrain  # pylint: disable=import-outside-toplevel
     shape = (source.values["num_layers"], source.values["hidden_size"], source.values["num_heads"])
-    if pretrain.MODEL_PRESETS[preset] != shape:
-        match = [name for name, preset_shape in pretrain.MODEL_PRESETS.items() if preset_shape == shape]
+    if presets.MODEL_PRESETS[preset] != shape:
+        match = [name for name, preset_shape in presets.MODEL_PRESETS.items() if preset_shape == shape]
         logging.warning("--config.init=%s is not the %s preset (it has %d layers, hidden %d, %d heads): the "
                         "architecture is the checkpoint's, but the recipe's other defaults (learning rate, steps) are "
                         "those of size=%s%s", config.init, preset, *shape, preset,

@@ -11,7 +11,8 @@ The config is locked, so a misspelt override is an error rather than a silently 
 
 import ml_collections
 
-from configs.pretrain import MODEL_PRESETS, mesh_config, model_config
+from bert_jax.presets import MODEL_PRESETS, model_config
+from configs.pretrain import mesh_config
 
 # task -> (TFDS name, text columns, train split, eval split); labels are the dataset's `label` ClassLabel.
 GLUE_TASKS = {

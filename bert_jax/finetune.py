@@ -11,10 +11,10 @@ order), model_config.json and the tokenizer.
 `extract_features(config, workdir)` writes one embedding per input text, in input order, to a .npy file.
 
 Both start from `config.init`: a bert_jax checkpoint (pretraining or fine-tuned) or, through
-`bert_jax.pretrained.load_pretrained`, a HuggingFace / original-TF checkpoint or a Flax export, whose architecture
-(and tokenizer, unless data.vocab_file is set) they take: see `init_architecture.resolve_init_architecture`. Only the
-encoder and pooler are read (their names are shared with BertForPreTraining, see bert_jax.model); the classifier
-always starts fresh.
+`bert_jax.interop.pretrained.load_pretrained`, a HuggingFace / original-TF checkpoint or a Flax export, whose
+architecture (and tokenizer, unless data.vocab_file is set) they take: see
+`init_architecture.resolve_init_architecture`. Only the encoder and pooler are read (their names are shared with
+BertForPreTraining, see bert_jax.model); the classifier always starts fresh.
 Examples are held in memory as numpy arrays (GLUE-sized data fits easily) and every process reads them all,
 then feeds its own rows of each global batch.
 """
@@ -44,8 +44,8 @@ from bert_jax import fileio
 from bert_jax import metrics as metrics_lib
 from bert_jax import model as model_lib
 from bert_jax import optim
-from bert_jax import init_architecture
-from bert_jax import pretrained
+from bert_jax.interop import init_architecture
+from bert_jax.interop import pretrained
 from bert_jax import sharding as sharding_lib
 from bert_jax.data import tokenization
 from bert_jax.train import TrainState, apply_gradients, dropout_key, jit_train_step, validate_dropout_rng
@@ -133,7 +133,7 @@ def resolve_model(config) -> ModelSource:
     if not config.init or checkpoint_lib.is_checkpoint(config.init):
         return ModelSource(model_config, None, config.init or "scratch")
     _, params, report = pretrained.load_pretrained(config.init)
-    logging.info("read %s with bert_jax.pretrained: %s", config.init, report)
+    logging.info("read %s with bert_jax.interop.pretrained: %s", config.init, report)
     return ModelSource(model_config, params, config.init)
 
 

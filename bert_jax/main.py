@@ -17,7 +17,7 @@ from bert_jax import checkpoint
 from bert_jax import divergence
 from bert_jax import fileio
 from bert_jax import finetune
-from bert_jax import init_architecture
+from bert_jax.interop import init_architecture
 from bert_jax import pretraining
 from bert_jax import runtime
 from bert_jax import sharding

@@ -25,8 +25,8 @@ from bert_jax import fileio
 from bert_jax import metrics as metrics_lib
 from bert_jax import model as model_lib
 from bert_jax import optim
-from bert_jax import init_architecture
-from bert_jax import pretrained
+from bert_jax.interop import init_architecture
+from bert_jax.interop import pretrained
 from bert_jax import sharding as sharding_lib
 from bert_jax.train import (abstract_train_state, dropout_key, create_train_state, jit_eval_step,
                             jit_train_step, make_eval_step, make_train_step, validate_config)
@@ -202,7 +202,7 @@ def _skip_batches(batches, count: int, field: str) -> None:
 
 def _init_params(path: str, model_config: model_lib.BertConfig, abstract_params, params_shardings):
     """Parameters for --config.init: one of our checkpoints, or a HuggingFace / original Google / Flax export
-    (bert_jax.pretrained.load_pretrained: heads missing there are initialised and reported). `model_config` has
+    (bert_jax.interop.pretrained.load_pretrained: heads missing there are initialised and reported). `model_config` has
     the checkpoint's architecture (train_and_evaluate resolved it); the vocabulary may be padded."""
     if checkpoint_lib.is_checkpoint(path):
         return checkpoint_lib.restore_params(path, abstract_params, params_shardings)
@@ -483,7 +483,7 @@ def export_checkpoint(config, workdir: str, checkpoint: str = "", export_format:
     The tokenizer is the run's (data.vocab_file, or the one the workdir's data step trained), so the export carries
     the vocabulary the model was trained with, and the vocab padding is removed.
     """
-    from bert_jax import export  # pylint: disable=import-outside-toplevel
+    from bert_jax.interop import export  # pylint: disable=import-outside-toplevel
     from bert_jax.data import tokenization  # pylint: disable=import-outside-toplevel
     _require_prepared_data(config)  # the tokenizer and the padded vocab size are the data step's
     model_config = model_lib.BertConfig.from_config(config.model)

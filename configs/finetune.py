@@ -115,7 +115,8 @@ def get_config(arg=None):
     train.spike_window = 100  # steps of loss history a spike is judged against (with spike_factor > 0)
 
     # Parameters to start from: a bert_jax pretraining checkpoint (step directory or checkpoints directory), a
-    # fine-tuned WORKDIR/finetuned directory, or a HuggingFace / original-TF BERT checkpoint (via bert_jax.pretrained).
+    # fine-tuned WORKDIR/finetuned directory, or a HuggingFace / original-TF BERT checkpoint (via
+    # bert_jax.interop.pretrained).
     # Only the encoder and pooler are read; the classifier always starts fresh. Its architecture is taken (see
     # config.model above). Empty: from scratch.
     config.init = ""

@@ -65,7 +65,8 @@ def get_config(arg=None):
     config.model = model = model_config(options["size"])
     # The preset config.model was filled from. With config.init set, the checkpoint's architecture replaces the
     # preset's (model.vocab_size, hidden_size, num_layers, num_heads, intermediate_size, hidden_act,
-    # max_position_embeddings, type_vocab_size, layer_norm_eps; see bert_jax.init_architecture.resolve_init_architecture).
+    # max_position_embeddings, type_vocab_size, layer_norm_eps; see
+    # bert_jax.interop.init_architecture.resolve_init_architecture).
     # A field set explicitly (given on the command line, or differing from this preset's value) must agree with the
     # checkpoint; the run stops naming every one that does not.
     config.model_preset = options["size"]

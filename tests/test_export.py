@@ -21,9 +21,9 @@ import torch
 import transformers
 from transformers import activations
 
-from bert_jax import export
+from bert_jax.interop import export
 from bert_jax import model as model_lib
-from bert_jax import pretrained
+from bert_jax.interop import pretrained
 from bert_jax.data import tokenization
 from tests import helpers
 

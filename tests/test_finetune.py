@@ -17,12 +17,12 @@ import pytest
 
 from bert_jax import checkpoint as checkpoint_lib
 from bert_jax import divergence
-from bert_jax import export
+from bert_jax.interop import export
 from bert_jax import finetune
 from bert_jax import model as model_lib
 from bert_jax import optim
-from bert_jax import init_architecture
-from bert_jax import pretrained as pretrained_lib
+from bert_jax.interop import init_architecture
+from bert_jax.interop import pretrained as pretrained_lib
 from bert_jax import sharding as sharding_lib
 from bert_jax import train
 from bert_jax.data import finetune_data

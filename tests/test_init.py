@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
-from bert_jax import export
+from bert_jax.interop import export
 from bert_jax import model as model_lib
-from bert_jax import init_architecture
+from bert_jax.interop import init_architecture
 from bert_jax import pretraining
 from bert_jax.data import tokenization
 from configs import finetune as finetune_configs

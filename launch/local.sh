@@ -32,7 +32,7 @@ done
 # The driver's XLA:CPU options and allocator setting, from the one table that holds them (bert_jax.runtime; the
 # driver adds the options too, --dry-run shows them here), each option only where XLA_FLAGS does not name it, so
 # `XLA_FLAGS=--NAME=VALUE launch/local.sh ...` overrides it.
-read -r -d '' settings < <(python -c 'import os, sys
+read -r -d '' settings < <(python -c 'import os
 from bert_jax import runtime
 print(runtime.with_cpu_xla_flags(os.environ.get("XLA_FLAGS", "")))
 print(runtime.CPU_GLIBC_TUNABLES)') || true

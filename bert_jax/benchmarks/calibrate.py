@@ -9,8 +9,6 @@ is set beside the step's measured median time (bert_jax.benchmarks.step.benchmar
 memory time instead of taking the larger: a CPU overlaps little of one with the other.
 """
 
-import os
-
 from absl import app
 from absl import flags
 import jax
@@ -70,8 +68,8 @@ def calibrate(sizes, seq_length: int, batch_size: int, steps: int, bandwidth_mib
 
 def main(argv):
     del argv
-    os.environ["XLA_FLAGS"] = runtime.with_cpu_xla_flags(os.environ.get("XLA_FLAGS", ""))
     jax.config.update("jax_platforms", "cpu")  # a calibration of the CPU, also where libtpu is installed
+    runtime.set_up_jax()
     calibrate(FLAGS.size, FLAGS.seq_length, FLAGS.batch_size, FLAGS.steps, FLAGS.bandwidth_mib,
               print_fn=lambda line: print(line, flush=True))
 

@@ -166,8 +166,7 @@ def run_torch(task_dir: str) -> dict:
 def _child(side: str, task_dir: str) -> None:
     if side == "jax":
         # Before JAX starts its backend, as the driver does.
-        os.environ["XLA_FLAGS"] = runtime.with_cpu_xla_flags(os.environ.get("XLA_FLAGS", ""))
-        runtime.without_an_absent_tpu()
+        runtime.set_up_jax()
         result = run_jax(task_dir)
     else:
         result = run_torch(task_dir)

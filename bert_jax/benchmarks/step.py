@@ -418,8 +418,7 @@ def run(sizes, seq_length: int, batch_size: int, max_predictions: int = 0, dtype
 def main(argv):
     del argv
     # Before anything starts JAX's backend: it reads XLA_FLAGS, and sizes its CPU thread pool by the affinity mask.
-    os.environ["XLA_FLAGS"] = runtime.with_cpu_xla_flags(os.environ.get("XLA_FLAGS", ""))
-    runtime.without_an_absent_tpu()
+    runtime.set_up_jax()
     try:
         pin_to_cores(FLAGS.threads)
     except ValueError as error:

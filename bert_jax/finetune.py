@@ -10,10 +10,10 @@ order), model_config.json and the tokenizer.
 
 `extract_features(config, workdir)` writes one embedding per input text, in input order, to a .npy file.
 
-Both start from `config.init`: a bert_jax checkpoint (pretraining or fine-tuned) or, through
-`bert_jax.interop.pretrained.load_pretrained`, a HuggingFace / original-TF checkpoint or a Flax export, whose
-architecture (and tokenizer, unless data.vocab_file is set) they take: see
-`init_architecture.resolve_init_architecture`. Only the encoder and pooler are read (their names are shared with
+Both take a config from `bert_jax.job_config.prepare` and start from `config.init`: a bert_jax checkpoint
+(pretraining or fine-tuned) or, through `bert_jax.interop.pretrained.load_pretrained`, a HuggingFace / original-TF
+checkpoint or a Flax export, whose architecture (and tokenizer, unless data.vocab_file is set) `prepare` gave the
+config. Only the encoder and pooler are read (their names are shared with
 BertForPreTraining, see bert_jax.model); the classifier always starts fresh.
 Examples are held in memory as numpy arrays (GLUE-sized data fits easily) and every process reads them all,
 then feeds its own rows of each global batch.
@@ -48,71 +48,11 @@ from bert_jax.interop import init_architecture
 from bert_jax.interop import pretrained
 from bert_jax import sharding as sharding_lib
 from bert_jax.data import tokenization
-from bert_jax.train import TrainState, apply_gradients, dropout_key, jit_train_step, validate_dropout_rng
+from bert_jax.train import TrainState, apply_gradients, dropout_key, jit_train_step
 
-POOLINGS = ("cls", "mean", "last4")
-MODES = ("finetune", "features")
 FINETUNED_SUBDIR = "finetuned"
 LABELS_FILE = "labels.json"
 
-
-
-def validate_config(config, num_devices: int, process_count: int = 1, mode: str = "finetune") -> None:
-    """Checks the whole config once, at start-up, with errors that name the field and the fix."""
-    if mode not in MODES:
-        raise ValueError(f"validate_config: mode={mode!r}; choose one of {MODES}")
-
-    def fail(field, problem):
-        value = config
-        for part in field.split("."):
-            value = value[part]
-        raise ValueError(f"--config.{field}={value!r}: {problem}")
-
-    model_lib.BertConfig.from_config(config.model)
-    optim.validate(config.optim, config.train.num_steps or 10**9)
-    if config.optim.grad_accum_steps != 1:
-        fail("optim.grad_accum_steps", "fine-tuning does not accumulate gradients; set 1 (or lower batch_size)")
-    if not 0.0 <= config.optim.warmup_proportion < 1.0:
-        fail("optim.warmup_proportion", "must be in [0, 1)")
-    mesh_shape = sharding_lib.mesh_shape(config.mesh, num_devices)
-    rules = dict(sharding_lib.logical_rules(config.mesh))
-    batch_axes = rules.get("batch") or ()
-    batch_axes = (batch_axes,) if isinstance(batch_axes, str) else tuple(batch_axes)
-    data_parallel = math.prod(mesh_shape[sharding_lib.MESH_AXES.index(axis)] for axis in batch_axes)
-    train, data = config.train, config.data
-    if train.batch_size <= 0 or train.batch_size % math.lcm(data_parallel, process_count):
-        fail("train.batch_size", f"must be a positive multiple of the {data_parallel} data-parallel devices (mesh "
-             f"axes {batch_axes}) and of the {process_count} processes")
-    if train.num_steps < 0:
-        fail("train.num_steps", "must be >= 0 (0: train.num_epochs passes over the data)")
-    if train.num_steps == 0 and train.num_epochs <= 0:
-        fail("train.num_epochs", "must be positive when train.num_steps is 0")
-    if train.log_every <= 0:
-        fail("train.log_every", "must be positive")
-    if train.eval_every < 0:
-        fail("train.eval_every", "must be >= 0 (0: evaluate only at the end)")
-    divergence.validate_config(train)
-    validate_dropout_rng(train.dropout_rng)
-    if data.format not in finetune_data.FORMATS:
-        fail("data.format", f"choose one of {finetune_data.FORMATS}")
-    columns = finetune_data.split_names(data.text_columns)
-    if not 1 <= len(columns) <= 2:
-        fail("data.text_columns", "name one column (single sentence) or two, comma-separated (sentence pair)")
-    if data.max_seq_length < len(columns) + 2:
-        fail("data.max_seq_length", f"must leave room for at least one token besides [CLS]/[SEP] "
-             f"(>= {len(columns) + 2})")
-    if not data.vocab_file:
-        fail("data.vocab_file", "set it to the vocab.txt / .model / tokenizer directory the model was trained with")
-    if mode == "finetune":
-        if not data.train_file:
-            fail("data.train_file", "set a CSV/TSV file or tfds:NAME:SPLIT to fine-tune on")
-        if not data.label_column:
-            fail("data.label_column", "name the column that holds the class")
-    else:
-        if not config.features.input_file:
-            fail("features.input_file", "set the CSV/TSV/.txt file or tfds:NAME:SPLIT whose texts to embed")
-        if config.features.pooling not in POOLINGS:
-            fail("features.pooling", f"choose one of {POOLINGS}")
 
 
 # Model and parameters: from scratch, from a bert_jax checkpoint, or from a HuggingFace / original checkpoint.
@@ -125,29 +65,15 @@ class ModelSource:
     description: str = "scratch"
 
 
-def resolve_model(config) -> ModelSource:
-    """The model to build: config.model with --config.init's architecture (init_architecture.resolve_init_architecture)
-    and, for a HuggingFace / original-TF / Flax-export init, its parameters on the host."""
-    config = init_architecture.resolve_init_architecture(config)
+def model_source(config) -> ModelSource:
+    """The model to build, config.model (which bert_jax.job_config.prepare gave --config.init's architecture), and,
+    for a HuggingFace / original-TF / Flax-export init, its parameters on the host."""
     model_config = model_lib.BertConfig.from_config(config.model)
     if not config.init or checkpoint_lib.is_checkpoint(config.init):
         return ModelSource(model_config, None, config.init or "scratch")
     _, params, report = pretrained.load_pretrained(config.init)
     logging.info("read %s with bert_jax.interop.pretrained: %s", config.init, report)
     return ModelSource(model_config, params, config.init)
-
-
-def _check_fits(config, model_config: model_lib.BertConfig, tokenizer: tokenization.Tokenizer, mode: str) -> None:
-    if tokenizer.vocab_size > model_config.vocab_size:
-        raise ValueError(f"--config.data.vocab_file={config.data.vocab_file!r} has {tokenizer.vocab_size} entries "
-                         f"but the model has model.vocab_size={model_config.vocab_size} rows. Fix: the vocab the "
-                         "model was pretrained with, or a larger --config.model.vocab_size")
-    if config.data.max_seq_length > model_config.max_position_embeddings:
-        raise ValueError(f"--config.data.max_seq_length={config.data.max_seq_length} exceeds the model's "
-                         f"max_position_embeddings={model_config.max_position_embeddings}")
-    if mode == "features" and config.features.pooling == "last4" and model_config.num_layers < 4:
-        raise ValueError(f"--config.features.pooling='last4' needs at least 4 layers; the model has "
-                         f"{model_config.num_layers}. Fix: pooling cls or mean")
 
 
 def _abstract_params(model: nn.Module, mesh, rules, seq_length: int):
@@ -283,18 +209,15 @@ def make_features_step(model: nn.Module, rules, pooling: str):
 # ---------------------------------------------------------------------------------------------------------------
 # The jobs.
 
-def _setup(config, mode: str):
-    """(config with --config.init's architecture and tokenizer, tokenizer, ModelSource, mesh, rules)."""
-    config = init_architecture.resolve_init_architecture(config)
-    validate_config(config, jax.device_count(), jax.process_count(), mode)
+def _setup(config):
+    """(tokenizer, ModelSource, mesh, rules) of a config bert_jax.job_config.prepare returned."""
     tokenizer = tokenization.load_tokenizer(config.data.vocab_file, do_lower_case=config.data.do_lower_case)
-    source = resolve_model(config)
-    _check_fits(config, source.model_config, tokenizer, mode)
+    source = model_source(config)
     mesh = sharding_lib.create_mesh(config.mesh)
     rules = sharding_lib.logical_rules(config.mesh)
     logging.info("mesh %s over %d devices, %d processes; model %s; init from %s", dict(mesh.shape),
                  jax.device_count(), jax.process_count(), source.model_config, source.description)
-    return config, tokenizer, source, mesh, rules
+    return tokenizer, source, mesh, rules
 
 
 def _evaluate(eval_step, params, encoded, labels, batch_size, batch_sharding, rows) -> dict[str, float]:
@@ -310,7 +233,7 @@ def _evaluate(eval_step, params, encoded, labels, batch_size, batch_sharding, ro
 
 def finetune(config, workdir: str) -> dict[str, float]:
     """Fine-tunes a classifier as `config` describes; returns the last logged metrics (with eval_accuracy)."""
-    config, tokenizer, source, mesh, rules = _setup(config, "finetune")
+    tokenizer, source, mesh, rules = _setup(config)
     data, train = config.data, config.train
     train_examples = finetune_data.read_examples(data.train_file, data)
     names = finetune_data.label_names(train_examples, data)
@@ -406,7 +329,7 @@ def _judge_final_params(monitor, eval_step, params, encoded, labels, indices, ro
 
 def extract_features(config, workdir: str) -> str:
     """Writes one embedding per text of features.input_file, in input order, to a .npy; returns its path."""
-    config, tokenizer, source, mesh, rules = _setup(config, "features")
+    tokenizer, source, mesh, rules = _setup(config)
     examples = finetune_data.read_examples(config.features.input_file, config.data, with_labels=False,
                                            field="features.input_file")
     encoded = finetune_data.encode_examples(tokenizer, examples, config.data.max_seq_length)

@@ -10,19 +10,16 @@ import sys
 from absl import app
 from absl import flags
 from absl import logging
-import jax
 from ml_collections import config_flags
 
 from bert_jax import checkpoint
 from bert_jax import divergence
 from bert_jax import fileio
 from bert_jax import finetune
-from bert_jax.interop import init_architecture
+from bert_jax import job_config
 from bert_jax import pretraining
 from bert_jax import runtime
 from bert_jax import sharding
-from bert_jax import train
-from bert_jax.data import workdir
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/pretrain.py:size=base.",
@@ -52,48 +49,34 @@ def main(argv):
     if len(argv) > 1:
         raise ValueError(f"unexpected arguments {argv[1:]}: every setting is a --flag or a --config.FIELD=VALUE")
     _check_workdir(FLAGS.workdir)
-    # libtpu reads LIBTPU_INIT_ARGS when JAX starts its TPU backend (below): what the config's dropout RNG needs.
-    os.environ["LIBTPU_INIT_ARGS"] = train.with_libtpu_options(os.environ.get("LIBTPU_INIT_ARGS", ""),
-                                                               FLAGS.config.train.dropout_rng)
+    runtime.set_libtpu_options(FLAGS.config.train.dropout_rng)  # before JAX starts its TPU backend (below)
     sharding.initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id,
                                     FLAGS.heartbeat_timeout_s)
-    mode, downstream = FLAGS.mode, FLAGS.mode in ("finetune", "features")
-    try:
-        # --config.init's architecture (and tokenizer) first; the fields named on the command line must agree with it.
-        config = init_architecture.resolve_init_architecture(
-            FLAGS.config, command_line=config_flags.get_override_values(FLAGS["config"]))
-        if downstream:
-            finetune.validate_config(config, jax.device_count(), jax.process_count(), mode=mode)
-        else:
-            train.validate_config(config, jax.device_count(), jax.process_count(), mode=mode)
-    except (KeyError, AttributeError) as error:  # a field of the other recipe
-        raise ValueError(f"--config has no field {error} for --mode={mode}: --mode=finetune/features take "
-                         "configs/finetune.py, the other modes configs/pretrain.py") from None
-    if not downstream and config.data.source == "corpus":
-        # Data first: it sets the vocab size and the input files, so the config logged below is the one that runs.
-        # Every process calls it: process 0 makes (or reuses) WORKDIR/data while the others wait for it.
-        workdir.prepare(config, FLAGS.workdir)
+    config = job_config.prepare(FLAGS.config, FLAGS.workdir, FLAGS.mode,
+                                command_line=config_flags.get_override_values(FLAGS["config"]))
     logging.info("config:\n%s", config)
     if os.environ.get("GLIBC_TUNABLES"):
         logging.info("glibc allocator: GLIBC_TUNABLES=%s", os.environ["GLIBC_TUNABLES"])
-    if mode == "features":
+    if FLAGS.mode == "features":
         logging.info("features written to %s", finetune.extract_features(config, FLAGS.workdir))
-        return
-    if mode == "export":
+    elif FLAGS.mode == "export":
         logging.info("exported to %s", pretraining.export_checkpoint(config, FLAGS.workdir, FLAGS.checkpoint,
                                                                      FLAGS.export_format, FLAGS.output))
-        return
-    if mode == "finetune":
-        results = finetune.finetune(config, FLAGS.workdir)
-    elif mode == "eval":
-        results = pretraining.evaluate_checkpoint(config, FLAGS.workdir, FLAGS.checkpoint)
+    elif FLAGS.mode == "finetune":
+        _log_results(finetune.finetune(config, FLAGS.workdir))
+    elif FLAGS.mode == "eval":
+        _log_results(pretraining.evaluate_checkpoint(config, FLAGS.workdir, FLAGS.checkpoint))
     else:
-        results = pretraining.train_and_evaluate(config, FLAGS.workdir)
-    if "preempted_at_step" in results:
-        logging.info("stopped by SIGTERM after saving step %d; rerun the same command to resume",
-                     results["preempted_at_step"])
-    else:
-        logging.info("done: %s", " ".join(f"{name}={value:.6g}" for name, value in results.items()))
+        result = pretraining.train_and_evaluate(config, FLAGS.workdir)
+        if result.preempted_at_step is not None:
+            logging.info("stopped by SIGTERM after saving step %d; rerun the same command to resume",
+                         result.preempted_at_step)
+        else:
+            _log_results(result.metrics)
+
+
+def _log_results(results: dict[str, float]) -> None:
+    logging.info("done: %s", " ".join(f"{name}={value:.6g}" for name, value in results.items()))
 
 
 def _check_workdir(path: str) -> None:

@@ -63,19 +63,20 @@ class BertConfig:
         values = model_config.to_dict() if hasattr(model_config, "to_dict") else dict(model_config)
         unknown = set(values) - {field.name for field in dataclasses.fields(cls)}
         if unknown:
-            raise ValueError(f"config.model has unknown fields {sorted(unknown)}")
+            raise ValueError(f"unknown fields {sorted(unknown)}")
         return cls(**values).validate()
 
     def validate(self) -> "BertConfig":
+        """Raises ValueError("FIELD=VALUE: problem") for the first bad field (bert_jax.job_config names the flag)."""
         def fail(field, problem):
-            raise ValueError(f"--config.model.{field}={getattr(self, field)!r}: {problem}")
+            raise ValueError(f"{field}={getattr(self, field)!r}: {problem}")
 
         for field in ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
                       "max_position_embeddings", "type_vocab_size"):
             if getattr(self, field) <= 0:
                 fail(field, "must be a positive integer")
         if self.hidden_size % self.num_heads:
-            fail("num_heads", f"must divide model.hidden_size={self.hidden_size}")
+            fail("num_heads", f"must divide hidden_size={self.hidden_size}")
         if self.hidden_act not in HIDDEN_ACTIVATIONS:
             fail("hidden_act", f"choose one of {HIDDEN_ACTIVATIONS}")
         if self.dtype not in COMPUTE_DTYPES:
@@ -86,10 +87,10 @@ class BertConfig:
         if self.attention not in ATTENTION_IMPLEMENTATIONS:
             fail("attention", f"choose one of {ATTENTION_IMPLEMENTATIONS}")
         if self.attention in attention_lib.FUSED_IMPLEMENTATIONS and self.attention_dropout_rate > 0:
-            fail("attention", f"the fused kernels have no attention dropout, but model.attention_dropout_rate="
-                              f"{self.attention_dropout_rate}. Fix: set --config.model.attention_dropout_rate=0.0 "
-                              "(fused kernels in training too), or --config.model.attention=auto (fused kernels "
-                              "where dropout is off, the reference path with dropout in training)")
+            fail("attention", f"the fused kernels have no attention dropout, but attention_dropout_rate="
+                              f"{self.attention_dropout_rate}. Fix: set attention_dropout_rate=0.0 (fused kernels "
+                              "in training too), or attention=auto (fused kernels where dropout is off, the "
+                              "reference path with dropout in training)")
         if self.remat not in REMAT_POLICIES:
             fail("remat", f"choose one of {tuple(REMAT_POLICIES)}")
         if not isinstance(self.scan_layers, bool):

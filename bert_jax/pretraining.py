@@ -1,8 +1,8 @@
 """The pretraining job around the pure steps of bert_jax.train: the training loop, and the eval and export modes.
 
-`train_and_evaluate(config, workdir)` builds the model, mesh, optimizer and input from a config whose data is
-ready (the driver runs bert_jax.data.workdir.prepare first for data.source=corpus), starts from the workdir's
-checkpoint, --config.init or scratch, and runs the loop: log lines, evaluation, checkpoints, SIGTERM, profiling.
+`train_and_evaluate(config, workdir)` builds the model, mesh, optimizer and input from a config that
+bert_jax.job_config.prepare made ready (--config.init's architecture, the data made for data.source=corpus, every
+field checked), starts from the workdir's checkpoint, --config.init or scratch, and runs the loop: log lines, evaluation, checkpoints, SIGTERM, profiling.
 """
 
 import contextlib
@@ -29,7 +29,7 @@ from bert_jax.interop import init_architecture
 from bert_jax.interop import pretrained
 from bert_jax import sharding as sharding_lib
 from bert_jax.train import (abstract_train_state, dropout_key, create_train_state, jit_eval_step,
-                            jit_train_step, make_eval_step, make_train_step, validate_config)
+                            jit_train_step, make_eval_step, make_train_step)
 
 
 def evaluate(eval_step, params, batches: Iterator, batch_sharding, num_batches: int | None) -> dict[str, float]:
@@ -76,20 +76,15 @@ class _Run:
 
 def _require_prepared_data(config) -> None:
     if config.data.source == "corpus":
-        raise ValueError("data.source='corpus': make the data first with bert_jax.data.workdir.prepare(config, "
-                         "workdir), as bert_jax.main does; it points the config at the TFRecords it writes")
+        raise ValueError("data.source='corpus': make the data first with bert_jax.job_config.prepare(config, "
+                         "workdir, mode), as bert_jax.main does; it points the config at the TFRecords it writes")
 
 
-def _build(config, workdir: str, mode: str) -> _Run:
-    """`mode`: "train" or "eval", the job the run is built for (see train.validate_config)."""
+def _build(config, workdir: str) -> _Run:
     # Imported here so that importing this module does not import TensorFlow.
     from bert_jax.data import input_pipeline  # pylint: disable=import-outside-toplevel
     from bert_jax.data import tokenization  # pylint: disable=import-outside-toplevel
     _require_prepared_data(config)
-    validate_config(config, jax.device_count(), jax.process_count(), mode=mode)
-    if config.data.source == "tfrecord" and config.data.eval_input_files:
-        # Now, not at the first evaluation, which training reaches only after train.eval_every steps.
-        input_pipeline.check_eval_files(config.data, mode=mode)
     model_config = model_lib.BertConfig.from_config(config.model)
     mesh = sharding_lib.create_mesh(config.mesh)
     tx, schedule = optim.create_optimizer(config.optim, config.train.num_steps)
@@ -237,13 +232,18 @@ class _Profiler:
             logging.info("profiler trace of steps %d-%d written to %s", self.start, step, self.directory)
 
 
-def train_and_evaluate(config, workdir: str) -> dict[str, float]:
-    """Runs (or resumes) the pretraining job described by `config`; returns the last logged metrics.
+@dataclasses.dataclass
+class TrainResult:
+    metrics: dict[str, float]  # the last log line's, with "step" (empty when there was nothing to train)
+    preempted_at_step: int | None = None  # SIGTERM stopped the run after saving a checkpoint of this step
 
-    On SIGTERM it saves a checkpoint at the current step and returns early, with "preempted_at_step" set.
+
+def train_and_evaluate(config, workdir: str) -> TrainResult:
+    """Runs (or resumes) the pretraining job described by `config` (from bert_jax.job_config.prepare).
+
+    On SIGTERM it saves a checkpoint at the current step and returns early (TrainResult.preempted_at_step).
     """
-    config = init_architecture.resolve_init_architecture(config)  # --config.init's architecture, if one is set
-    run = _build(config, workdir, "train")
+    run = _build(config, workdir)
     init_architecture.write_run_model_config(workdir, run.model_config)  # what a later --config.init of this run reads
     data, train = config.data, config.train
     train_batches = run.make_iterator(split="train", seed=train.seed)
@@ -276,6 +276,7 @@ def train_and_evaluate(config, workdir: str) -> dict[str, float]:
         positions = {int(state.step): position}  # checkpoint step -> the input position it holds
         fed = {}  # step -> the input position of its batch, for the steps not yet judged
         last_logged: dict[str, float] = {}
+        preempted_at_step = None
 
         def consume(step, device_metrics):
             host = {k: float(v) for k, v in jax.device_get(device_metrics).items()}
@@ -345,7 +346,7 @@ def train_and_evaluate(config, workdir: str) -> dict[str, float]:
                             checkpointer.wait()
                             logging.warning("SIGTERM received: saved a checkpoint at step %d in %s; stopping. Run the "
                                             "same command again to resume.", step, checkpointer.directory)
-                            last_logged["preempted_at_step"] = step
+                            preempted_at_step = step
                             break
                     break
                 except _Diverged as diverged:
@@ -363,7 +364,7 @@ def train_and_evaluate(config, workdir: str) -> dict[str, float]:
             preemption.close()
         checkpointer.close()
     writer.close()
-    return last_logged
+    return TrainResult(last_logged, preempted_at_step)
 
 
 class _Diverged(Exception):
@@ -455,7 +456,7 @@ def evaluate_checkpoint(config, workdir: str, checkpoint: str = "") -> dict[str,
     Results, with the number of records evaluated (eval_records), go to the log, to WORKDIR/eval_metrics.jsonl and
     to TensorBoard under WORKDIR/tensorboard_eval.
     """
-    run = _build(config, workdir, "eval")  # needs held-out data only: validate_config says what is missing
+    run = _build(config, workdir)  # needs held-out data only (job_config checked it for mode "eval")
     checkpoint = checkpoint or fileio.join(workdir, checkpoint_lib.CHECKPOINT_SUBDIR)
     with jax.set_mesh(run.mesh):
         abstract, shardings, _ = abstract_train_state(run.model, run.tx, run.mesh, run.rules,

@@ -1,5 +1,6 @@
 """The driver's process set-up (set_up_driver), made before JAX starts its backend: XLA:CPU's options, the CPU where
-no accelerator is attached, glibc's allocator on CPU runs, and the checkpoint libraries' logs and background errors.
+no accelerator is attached, glibc's allocator on CPU runs, the dropout RNG's libtpu option, and the checkpoint
+libraries' logs and background errors.
 The benchmark programs and launch/local.sh read the same settings here. Nothing runs at import, and importing it
 imports no JAX (a torch benchmark process loads it too).
 """
@@ -58,6 +59,40 @@ def without_an_absent_tpu() -> None:
     if not (hardware_utils.num_available_tpu_chips_and_device_id()[0] or hardware_utils.has_visible_nvidia_gpu()
             or hardware_utils.num_available_amd_gpus(stop_at=1)):
         jax.config.update("jax_platforms", "cpu")
+
+
+# The dropout RNG's platform choice and the libtpu option it needs: read before JAX starts its TPU backend.
+# What train.dropout_rng=auto means on each platform (README, "Dropout randomness", has the figures). On a TPU,
+# unsafe_rbg: BERT-base's step for v5e compiled with 29% less temporary memory than with rbg (which draws every
+# device's bits on each) and both RBG forms with fewer FLOPs and less compile time than threefry. Elsewhere
+# threefry: exact across meshes, and no faster by the CPU step benchmark's noise.
+AUTO_DROPOUT_RNG = {"tpu": "unsafe_rbg", "gpu": "threefry", "cpu": "threefry"}
+
+
+def dropout_rng_name(choice: str, platform: str) -> str:
+    """The dropout RNG `choice` (train.dropout_rng) means on `platform` ("auto" resolved)."""
+    return AUTO_DROPOUT_RNG.get(platform, "threefry") if choice == "auto" else choice
+
+
+# Set in LIBTPU_INIT_ARGS by set_libtpu_options (the driver and bert_jax.aot) before JAX starts its TPU backend, for
+# unsafe_rbg dropout: XLA:TPU then partitions RngBitGenerator without replicating its bits (each device draws its own
+# shard's), the point of unsafe_rbg (levanter #226 found it slower without) and why its masks depend on the mesh.
+UNSAFE_RBG_LIBTPU_OPTION = ("xla_tpu_spmd_rng_bit_generator_unsafe", "true")
+
+
+def with_libtpu_options(libtpu_args: str, dropout_rng: str) -> str:
+    """`libtpu_args` plus the option dropout_rng=unsafe_rbg needs on a TPU, unless it is named there already."""
+    if dropout_rng_name(dropout_rng, "tpu") != "unsafe_rbg":
+        return libtpu_args
+    name, value = UNSAFE_RBG_LIBTPU_OPTION
+    if any(word.lstrip("-").split("=", 1)[0] == name for word in libtpu_args.split()):
+        return libtpu_args
+    return " ".join([*libtpu_args.split(), f"--{name}={value}"])
+
+
+def set_libtpu_options(dropout_rng: str) -> None:
+    """Adds to LIBTPU_INIT_ARGS what train.dropout_rng needs; libtpu reads it when JAX starts its TPU backend."""
+    os.environ["LIBTPU_INIT_ARGS"] = with_libtpu_options(os.environ.get("LIBTPU_INIT_ARGS", ""), dropout_rng)
 
 
 # The checkpoint libraries' logs and background errors, for the driver to tame (process-wide, so never on import).

@@ -1,4 +1,4 @@
-"""Train state, config validation and the pure train/eval steps.
+"""Train state and the pure train/eval steps.
 
 `train_step(state, batch, rng) -> (state, metrics)` and `eval_step(params, batch) -> sums` are pure functions;
 `jit_train_step` jits them with explicit in/out shardings over the mesh and donates the state, so parameters and
@@ -6,7 +6,6 @@ optimizer state are created, updated and kept sharded and no device ever holds m
 runs them is bert_jax.pretraining's; fine-tuning, ahead-of-time compilation and the benchmarks use them too.
 """
 
-import math
 from typing import Any
 
 import flax
@@ -17,11 +16,8 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from bert_jax import divergence
-from bert_jax import model as model_lib
-from bert_jax import optim
 from bert_jax import sharding as sharding_lib
-from bert_jax.data import packing
+from bert_jax.runtime import dropout_rng_name
 
 
 @flax.struct.dataclass
@@ -36,16 +32,6 @@ class TrainState:
 # also splits with it), which XLA:TPU partitions without replicating the bits when the driver sets
 # --xla_tpu_spmd_rng_bit_generator_unsafe=true for unsafe_rbg (then the masks depend on the mesh).
 DROPOUT_RNG_IMPLS = {"threefry": "threefry2x32", "rbg": "rbg", "unsafe_rbg": "unsafe_rbg"}
-# What train.dropout_rng=auto means on each platform (README, "Dropout randomness", has the figures). On a TPU,
-# unsafe_rbg: BERT-base's step for v5e compiled with 29% less temporary memory than with rbg (which draws every
-# device's bits on each) and both RBG forms with fewer FLOPs and less compile time than threefry. Elsewhere
-# threefry: exact across meshes, and no faster by the CPU step benchmark's noise.
-AUTO_DROPOUT_RNG = {"tpu": "unsafe_rbg", "gpu": "threefry", "cpu": "threefry"}
-
-
-def dropout_rng_name(choice: str, platform: str) -> str:
-    """The dropout RNG `choice` (train.dropout_rng) means on `platform` ("auto" resolved)."""
-    return AUTO_DROPOUT_RNG.get(platform, "threefry") if choice == "auto" else choice
 
 
 def dropout_key(seed: int, choice: str, platform: str) -> jax.Array:
@@ -54,117 +40,6 @@ def dropout_key(seed: int, choice: str, platform: str) -> jax.Array:
     if name == "threefry":
         return jax.random.split(jax.random.key(seed))[1]
     return jax.random.key(seed, impl=DROPOUT_RNG_IMPLS[name])
-
-
-# Set in LIBTPU_INIT_ARGS by the driver and bert_jax.aot before JAX starts its TPU backend, for unsafe_rbg dropout:
-# XLA:TPU then partitions RngBitGenerator without replicating its bits (each device draws its own shard's), the point
-# of unsafe_rbg (levanter #226 found it slower without) and why its masks depend on the mesh.
-UNSAFE_RBG_LIBTPU_OPTION = ("xla_tpu_spmd_rng_bit_generator_unsafe", "true")
-
-
-def with_libtpu_options(libtpu_args: str, dropout_rng: str) -> str:
-    """`libtpu_args` plus the option dropout_rng=unsafe_rbg needs on a TPU, unless it is named there already."""
-    if dropout_rng_name(dropout_rng, "tpu") != "unsafe_rbg":
-        return libtpu_args
-    name, value = UNSAFE_RBG_LIBTPU_OPTION
-    if any(word.lstrip("-").split("=", 1)[0] == name for word in libtpu_args.split()):
-        return libtpu_args
-    return " ".join([*libtpu_args.split(), f"--{name}={value}"])
-
-
-PRETRAINING_MODES = ("train", "eval", "export")
-
-
-def validate_config(config, num_devices: int, process_count: int = 1, mode: str = "train") -> None:
-    """Checks the whole config once, at start-up, with errors that name the field and the fix.
-
-    `mode` is the driver's --mode: "train" needs training data, "eval" held-out data only, "export" neither.
-    (The data files themselves are checked where they are first read: input_pipeline.)
-    """
-    if mode not in PRETRAINING_MODES:
-        raise ValueError(f"mode={mode!r}: choose one of {PRETRAINING_MODES}")
-    model_config = model_lib.BertConfig.from_config(config.model)
-    optim.validate(config.optim, config.train.num_steps)
-    mesh_shape = sharding_lib.mesh_shape(config.mesh, num_devices)
-    rules = dict(sharding_lib.logical_rules(config.mesh))
-    if "batch" not in rules:
-        raise ValueError("--config.mesh.rules has no rule for the logical axis 'batch'")
-    batch_axes = rules["batch"] or ()
-    batch_axes = (batch_axes,) if isinstance(batch_axes, str) else tuple(batch_axes)
-    data_parallel = math.prod(mesh_shape[sharding_lib.MESH_AXES.index(axis)] for axis in batch_axes)
-    train = config.train
-    if train.num_steps <= 0:
-        raise ValueError(f"--config.train.num_steps={train.num_steps}: must be positive")
-    if train.log_every <= 0:
-        raise ValueError(f"--config.train.log_every={train.log_every}: must be positive")
-    if train.batch_size <= 0 or train.batch_size % data_parallel:
-        raise ValueError(f"--config.train.batch_size={train.batch_size} must be a positive multiple of the "
-                         f"{data_parallel} data-parallel devices (mesh axes {batch_axes} of mesh "
-                         f"{dict(zip(sharding_lib.MESH_AXES, mesh_shape))})")
-    if train.batch_size % process_count:
-        raise ValueError(f"--config.train.batch_size={train.batch_size} must be divisible by the "
-                         f"{process_count} processes")
-    per_replica = train.batch_size // data_parallel
-    if per_replica % config.optim.grad_accum_steps:
-        raise ValueError(f"--config.optim.grad_accum_steps={config.optim.grad_accum_steps} must divide the "
-                         f"per-device batch train.batch_size/{data_parallel} = {per_replica}")
-    if train.profile_start_step < 0 or train.profile_steps <= 0:
-        raise ValueError(f"--config.train.profile_start_step={train.profile_start_step} must be >= 0 (0: no trace) "
-                         f"and --config.train.profile_steps={train.profile_steps} positive")
-    ckpt = config.checkpoint
-    if ckpt.every_steps < 0:
-        raise ValueError(f"--config.checkpoint.every_steps={ckpt.every_steps}: must be >= 0 (0: save only at the "
-                         "end and on SIGTERM)")
-    if ckpt.max_to_keep <= 0:
-        raise ValueError(f"--config.checkpoint.max_to_keep={ckpt.max_to_keep}: must be positive")
-    divergence.validate_config(train)
-    validate_dropout_rng(train.dropout_rng)
-    for field in ("restore_step", "skip_batches", "max_rewinds", "rewind_skip_batches"):
-        if ckpt[field] < 0:
-            raise ValueError(f"--config.checkpoint.{field}={ckpt[field]}: must be >= 0")
-    if ckpt.skip_batches and not ckpt.restore_step:
-        raise ValueError(f"--config.checkpoint.skip_batches={ckpt.skip_batches} needs --config.checkpoint."
-                         "restore_step=STEP, the checkpoint the skip starts from (so that rerunning the same command "
-                         "after a preemption does not skip again)")
-    data = config.data
-    # Held-out data: its files, or the workdir's held-out documents (data=corpus, made before the run).
-    held_out_every = data.get("eval_every_nth_document", 0)
-    has_eval_data = bool(data.eval_input_files) or (data.source == "corpus" and held_out_every > 0)
-    if mode == "train" and ckpt.keep_best and not has_eval_data:
-        raise ValueError("--config.checkpoint.keep_best=True ranks checkpoints by eval loss: set "
-                         "--config.data.eval_input_files, or --config.checkpoint.keep_best=False")
-    if mode == "train" and has_eval_data and (train.eval_every <= 0 or train.eval_steps <= 0):
-        raise ValueError(f"--config.train.eval_every={train.eval_every} and --config.train.eval_steps="
-                         f"{train.eval_steps} must be positive when there is held-out data to evaluate on")
-    if mode == "eval":
-        if data.source == "synthetic" and train.eval_steps <= 0:
-            raise ValueError(f"--config.train.eval_steps={train.eval_steps}: synthetic data has no end, so --mode=eval "
-                             "evaluates that many batches; set it positive")
-        if data.source == "corpus" and held_out_every <= 0:
-            raise ValueError(f"--mode=eval needs held-out data, but --config.data.eval_every_nth_document="
-                             f"{held_out_every} holds out no document: set it positive, or evaluate "
-                             "TFRecords with --config.data.source=tfrecord --config.data.eval_input_files=GLOB")
-        if data.source == "tfrecord" and not data.eval_input_files:
-            raise ValueError("--mode=eval needs held-out data: set --config.data.eval_input_files=GLOB[,GLOB...] "
-                             "(--config.data.input_files is not needed)")
-    if data.max_seq_length > model_config.max_position_embeddings:
-        raise ValueError(f"--config.data.max_seq_length={data.max_seq_length} exceeds "
-                         f"model.max_position_embeddings={model_config.max_position_embeddings}")
-    if not 0 < data.max_predictions_per_seq <= data.max_seq_length:
-        raise ValueError(f"--config.data.max_predictions_per_seq={data.max_predictions_per_seq} must be in "
-                         f"[1, data.max_seq_length={data.max_seq_length}]")
-    if data.source not in ("corpus", "synthetic", "tfrecord"):
-        raise ValueError(f"--config.data.source={data.source!r}: choose 'corpus', 'synthetic' or 'tfrecord'")
-    if data.source == "corpus" and not data.corpus:
-        raise ValueError("--config.data.source=corpus needs --config.data.corpus (text globs, tfds:NAME or demo)")
-    if mode == "train" and data.source == "tfrecord" and not data.input_files:
-        raise ValueError("--config.data.source=tfrecord needs --config.data.input_files=GLOB[,GLOB...]")
-    packing.validate_config(data)
-
-
-def validate_dropout_rng(choice: str) -> None:
-    if choice != "auto" and choice not in DROPOUT_RNG_IMPLS:
-        raise ValueError(f"--config.train.dropout_rng={choice!r}: choose auto or one of {list(DROPOUT_RNG_IMPLS)}")
 
 
 def pretraining_loss(outputs, batch, mlm_denominator, nsp_denominator):

@@ -10,7 +10,6 @@ import copy
 
 import pytest
 
-from bert_jax import pretraining
 from tests import helpers
 
 _MADE = {}
@@ -45,6 +44,6 @@ def trained_run(tmp_path_factory, small_records):
         config = helpers.small_tfrecord_config(small_records, num_steps=4, log_every=2, eval_every=4,
                                                eval_steps=100,  # more batches than the file holds: all of it
                                                profile_start_step=2, profile_steps=1)
-        final = pretraining.train_and_evaluate(copy.deepcopy(config), workdir)
+        final = helpers.run_pretraining(copy.deepcopy(config), workdir).metrics
         return {"workdir": workdir, "final": final, "config": lambda: copy.deepcopy(config)}
     return _once("trained_run", make)

@@ -7,8 +7,11 @@ import jax
 import numpy as np
 
 from bert_jax.data import input_pipeline
+from bert_jax import finetune as finetune_lib
+from bert_jax import job_config
 from bert_jax import model as model_lib
 from bert_jax import optim
+from bert_jax import pretraining
 from bert_jax import sharding as sharding_lib
 from bert_jax import train
 from configs import pretrain
@@ -117,3 +120,22 @@ def state_on_mesh(config, mesh_shape):
     model = model_lib.BertForPreTraining(model_lib.BertConfig.from_config(config.model))
     tx, _ = optim.create_optimizer(config.optim, config.train.num_steps)
     return mesh, rules, model, tx
+
+
+# The jobs as a library caller runs them: the config through bert_jax.job_config.prepare (as the driver does), then
+# the job.
+
+def run_pretraining(config, workdir):
+    return pretraining.train_and_evaluate(job_config.prepare(config, workdir, "train"), workdir)
+
+
+def run_eval(config, workdir, checkpoint=""):
+    return pretraining.evaluate_checkpoint(job_config.prepare(config, workdir, "eval"), workdir, checkpoint)
+
+
+def run_finetune(config, workdir):
+    return finetune_lib.finetune(job_config.prepare(config, workdir, "finetune"), workdir)
+
+
+def run_features(config, workdir):
+    return finetune_lib.extract_features(job_config.prepare(config, workdir, "features"), workdir)

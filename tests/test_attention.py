@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from bert_jax import attention
+from bert_jax import job_config
 from bert_jax import model as model_lib
 
 
@@ -156,7 +157,7 @@ def test_config_refuses_a_fused_kernel_with_attention_dropout():
     config = dict(hidden_size=32, num_heads=4)
     with pytest.raises(ValueError, match=r"--config.model.attention='cudnn'.*no attention dropout.*"
                                          r"attention_dropout_rate=0.0"):
-        model_lib.BertConfig(**config, attention="cudnn", attention_dropout_rate=0.1).validate()
-    model_lib.BertConfig(**config, attention="cudnn", attention_dropout_rate=0.0).validate()
+        job_config.model_config(dict(config, attention="cudnn", attention_dropout_rate=0.1))
+    job_config.model_config(dict(config, attention="cudnn", attention_dropout_rate=0.0))
     with pytest.raises(ValueError, match=r"--config.model.attention='flash': choose one of"):
-        model_lib.BertConfig(**config, attention="flash").validate()
+        job_config.model_config(dict(config, attention="flash"))

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from bert_jax import checkpoint as checkpoint_lib
-from bert_jax import pretraining
 from bert_jax import train
 from bert_jax.data import input_pipeline
+from bert_jax import job_config
 from tests import helpers
 from tests._session import small_records, trained_run  # noqa: F401  (session fixtures)
 
@@ -87,7 +87,7 @@ def test_interrupted_run_resumes_exactly_and_skips_corrupt_checkpoints(tmp_path,
     config.checkpoint.every_steps = 2
     config.checkpoint.max_to_keep = 5
     run = tmp_path / "run"
-    pretraining.train_and_evaluate(copy.deepcopy(config), str(run))
+    helpers.run_pretraining(copy.deepcopy(config), str(run))
     expected = helpers.metrics_by_step(run)
     assert sorted(expected) == list(range(1, 9))
     assert sorted(os.listdir(run / "checkpoints")) == ["2", "4", "6", "8"]
@@ -105,7 +105,7 @@ def test_interrupted_run_resumes_exactly_and_skips_corrupt_checkpoints(tmp_path,
             with open(path, "r+b") as file:
                 file.truncate(os.path.getsize(path) // 2)
     with caplog.at_level(logging.INFO):
-        pretraining.train_and_evaluate(copy.deepcopy(config), str(run))
+        helpers.run_pretraining(copy.deepcopy(config), str(run))
     # Which of the two checks fires depends on the values the damage decodes to (here a NaN): either sets it aside.
     assert re.search(rf"checkpoint {run / 'checkpoints' / '8'} is corrupt or partial \(CorruptCheckpointError: "
                      r"(NaN or infinite values in|\d+ array\(s\) read back with other values)", caplog.text)
@@ -220,7 +220,7 @@ def test_bad_checkpoint_config_is_named(field, value, message):
     config = _config()
     config.checkpoint[field] = value
     with pytest.raises(ValueError, match=message.replace(".", r"\.")):
-        train.validate_config(config, jax.device_count())
+        job_config.validate(config, "train", jax.device_count())
 
 
 def test_a_checkpoint_of_another_model_is_refused_not_skipped(trained_run, tmp_path):

@@ -14,9 +14,8 @@ import pytest
 
 from bert_jax import checkpoint as checkpoint_lib
 from bert_jax import divergence
-from bert_jax import pretraining
-from bert_jax import train
 from bert_jax.data import input_pipeline
+from bert_jax import job_config
 from tests import helpers
 
 
@@ -95,7 +94,7 @@ def test_a_non_finite_step_stops_the_run_naming_the_step(tmp_path, monkeypatch):
                                                          r"loss nan, gradient norm nan\); stopped without saving it. "
                                                          r"No checkpoint is left to resume from: rerun to start "
                                                          r"again, with a lower --config.optim.learning_rate"):
-        pretraining.train_and_evaluate(config, str(tmp_path))
+        helpers.run_pretraining(config, str(tmp_path))
 
 
 def test_the_checkpoint_a_diverged_run_names_is_one_a_saner_run_continues_from(tmp_path, caplog):
@@ -105,7 +104,7 @@ def test_the_checkpoint_a_diverged_run_names_is_one_a_saner_run_continues_from(t
     config = _config(num_steps=8)
     config.optim.learning_rate, config.optim.warmup_steps = 1e6, 1
     with pytest.raises(divergence.DivergenceError) as raised:
-        pretraining.train_and_evaluate(copy.deepcopy(config), str(tmp_path))
+        helpers.run_pretraining(copy.deepcopy(config), str(tmp_path))
     directory = tmp_path / "checkpoints"
     message = str(raised.value)
     bad = int(message.split()[1])  # the first step whose loss is NaN (3 for the default tiny model)
@@ -122,7 +121,7 @@ def test_the_checkpoint_a_diverged_run_names_is_one_a_saner_run_continues_from(t
                    if np.issubdtype(np.asarray(leaf).dtype, np.inexact)), name
     config.optim.learning_rate, config.train.num_steps = 1e-4, 10
     with caplog.at_level(logging.INFO):
-        final = pretraining.train_and_evaluate(config, str(tmp_path))
+        final = helpers.run_pretraining(config, str(tmp_path)).metrics
     assert f"resumed from {directory / str(bad - 2)} at step {bad - 2} " in caplog.text
     assert final["step"] == 10 and np.isfinite(final["loss"])
     assert _health(directory, 10)["verified"][-1] == 9
@@ -135,7 +134,7 @@ def test_a_gradual_blow_up_leaves_only_checkpoints_a_sane_rerun_continues_from(t
     config = _config(num_steps=8, spike_window=4)
     config.checkpoint.max_to_keep = 1
     run = tmp_path / "run"
-    pretraining.train_and_evaluate(copy.deepcopy(config), str(run))
+    helpers.run_pretraining(copy.deepcopy(config), str(run))
     directory = run / "checkpoints"
     assert _steps(directory) == [7, 8]  # the newest, and the newest verified (by step 8)
     assert _health(directory, 8)["verified"][-1] == 7
@@ -143,7 +142,7 @@ def test_a_gradual_blow_up_leaves_only_checkpoints_a_sane_rerun_continues_from(t
     blow_up.optim.learning_rate, blow_up.train.num_steps = 0.3, 20
     with pytest.raises(divergence.DivergenceError, match=r"^step (\d+) spiked: loss [\d.]+ is [\d.]+ times the "
                                                          r"median [\d.]+ of the previous 4 steps") as raised:
-        pretraining.train_and_evaluate(blow_up, str(run))
+        helpers.run_pretraining(blow_up, str(run))
     losses = _losses(run)
     spiked = int(str(raised.value).split()[1])
     assert spiked >= 10 and losses[spiked - 1] > losses[8]  # the loss rose, finite, before it spiked
@@ -156,7 +155,7 @@ def test_a_gradual_blow_up_leaves_only_checkpoints_a_sane_rerun_continues_from(t
         sane = copy.deepcopy(config)
         sane.train.num_steps = spiked + 3
         with caplog.at_level(logging.INFO):
-            final = pretraining.train_and_evaluate(sane, str(rerun))
+            final = helpers.run_pretraining(sane, str(rerun)).metrics
         assert f"resumed from {rerun / 'checkpoints' / str(step)} at step {step} " in caplog.text
         assert final["step"] == spiked + 3
 
@@ -169,11 +168,11 @@ def test_skipped_batches_give_the_losses_of_a_run_without_them_and_the_rewind_ha
     config = _config(num_steps=6, dropout=True)
     config.checkpoint.every_steps = 2
     run = tmp_path / "run"
-    pretraining.train_and_evaluate(copy.deepcopy(config), str(run))
+    helpers.run_pretraining(copy.deepcopy(config), str(run))
     rewind = copy.deepcopy(config)
     rewind.checkpoint.restore_step, rewind.checkpoint.skip_batches = 2, 2
     with caplog.at_level(logging.INFO):
-        pretraining.train_and_evaluate(copy.deepcopy(rewind), str(run))
+        helpers.run_pretraining(copy.deepcopy(rewind), str(run))
     directory = run / "checkpoints"
     assert sorted(os.listdir(directory)) == ["2", "4", "4.rewound", "6", "6.rewound"]
     assert "skipped 2 batches of input (--config.checkpoint.skip_batches)" in caplog.text
@@ -187,7 +186,7 @@ def test_skipped_batches_give_the_losses_of_a_run_without_them_and_the_rewind_ha
 
     _wrap_training_input(monkeypatch, without_2_and_3)
     reference = tmp_path / "reference"
-    pretraining.train_and_evaluate(copy.deepcopy(config), str(reference))
+    helpers.run_pretraining(copy.deepcopy(config), str(reference))
     monkeypatch.undo()
     expected = _losses(reference)
     assert sorted(rewound) == sorted(expected) == list(range(1, 7))
@@ -196,7 +195,7 @@ def test_skipped_batches_give_the_losses_of_a_run_without_them_and_the_rewind_ha
     caplog.clear()
     rewind.train.num_steps = 8
     with caplog.at_level(logging.INFO):
-        pretraining.train_and_evaluate(rewind, str(run))
+        helpers.run_pretraining(rewind, str(run))
     assert "--config.checkpoint.restore_step=2 (skip_batches=2) is already in effect" in caplog.text
     assert f"resumed from {directory / '6'} at step 6 (input position: batch 8)" in caplog.text
     assert sorted(os.listdir(directory)) == ["4", "4.rewound", "6", "6.rewound", "8"]
@@ -210,7 +209,7 @@ def test_automatic_rewinds_skip_the_batch_that_diverged_and_never_loop_forever(t
     _wrap_training_input(monkeypatch, _poison({4}))
     once = tmp_path / "once"
     with caplog.at_level(logging.INFO):
-        final = pretraining.train_and_evaluate(copy.deepcopy(config), str(once))
+        final = helpers.run_pretraining(copy.deepcopy(config), str(once)).metrics
     assert final["step"] == 8
     assert "step 5 went non-finite (loss" in caplog.text
     assert "Rewinding to checkpoint 2, the newest verified one" in caplog.text
@@ -226,7 +225,7 @@ def test_automatic_rewinds_skip_the_batch_that_diverged_and_never_loop_forever(t
     always = tmp_path / "always"
     caplog.clear()
     with caplog.at_level(logging.INFO), pytest.raises(divergence.DivergenceError) as raised:
-        pretraining.train_and_evaluate(copy.deepcopy(config), str(always))
+        helpers.run_pretraining(copy.deepcopy(config), str(always))
     assert caplog.text.count("Rewinding to checkpoint 2") == 2
     assert str(raised.value).startswith("step 3 went non-finite")
     assert "checkpoint.max_rewinds=2 automatic rewinds are used up. The newest checkpoint whose parameters gave a " \
@@ -259,13 +258,13 @@ def test_divergence_settings_are_checked_naming_the_field(field, value, message)
     section, name = field.split(".")
     config[section][name] = value
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        train.validate_config(config, 8)
+        job_config.validate(config, "train", 8)
 
 
 def test_a_rewind_to_a_missing_step_names_what_there_is(tmp_path):
     config = _config(num_steps=2)
-    pretraining.train_and_evaluate(copy.deepcopy(config), str(tmp_path))
+    helpers.run_pretraining(copy.deepcopy(config), str(tmp_path))
     config.checkpoint.restore_step = 5
     with pytest.raises(ValueError, match=r"--config.checkpoint.restore_step=5: .*checkpoints has no checkpoint of "
                                          r"step 5 \(it has steps \[1, 2\]\)"):
-        pretraining.train_and_evaluate(config, str(tmp_path))
+        helpers.run_pretraining(config, str(tmp_path))

@@ -18,7 +18,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from bert_jax import checkpoint as checkpoint_lib
 from bert_jax import model as model_lib
-from bert_jax import pretraining
+from bert_jax import runtime
 from bert_jax import train
 from tests import helpers
 
@@ -110,11 +110,11 @@ def test_an_unsafe_rbg_run_resumes_bit_for_bit_and_only_with_its_kind_of_key(tmp
     config.train.dropout_rng = "unsafe_rbg"
     config.checkpoint.every_steps = 2
     whole, resumed = tmp_path / "whole", tmp_path / "resumed"
-    pretraining.train_and_evaluate(copy.deepcopy(config), str(whole))
+    helpers.run_pretraining(copy.deepcopy(config), str(whole))
     first = copy.deepcopy(config)
     first.train.num_steps = 2
-    pretraining.train_and_evaluate(first, str(resumed))
-    pretraining.train_and_evaluate(copy.deepcopy(config), str(resumed))
+    helpers.run_pretraining(first, str(resumed))
+    helpers.run_pretraining(copy.deepcopy(config), str(resumed))
     losses = [[json.loads(line)["loss"] for line in open(run / "metrics.jsonl", encoding="utf-8")][-2:]
               for run in (whole, resumed)]
     assert losses[0] == losses[1]
@@ -123,20 +123,20 @@ def test_an_unsafe_rbg_run_resumes_bit_for_bit_and_only_with_its_kind_of_key(tmp
     threefry.train.num_steps = 6
     with pytest.raises(checkpoint_lib.CheckpointMismatchError, match=r"its dropout key has shape \(4,\) where this "
                                                                        r"config's train.dropout_rng has \(2,\)"):
-        pretraining.train_and_evaluate(threefry, str(resumed))
+        helpers.run_pretraining(threefry, str(resumed))
 
 
 def test_the_driver_sets_the_libtpu_option_unsafe_rbg_needs_and_no_other():
     option = "--xla_tpu_spmd_rng_bit_generator_unsafe=true"
-    assert train.with_libtpu_options("", "unsafe_rbg") == option
-    assert train.with_libtpu_options("--a=1", "unsafe_rbg") == f"--a=1 {option}"
-    assert train.with_libtpu_options("--xla_tpu_spmd_rng_bit_generator_unsafe=false", "unsafe_rbg") == \
+    assert runtime.with_libtpu_options("", "unsafe_rbg") == option
+    assert runtime.with_libtpu_options("--a=1", "unsafe_rbg") == f"--a=1 {option}"
+    assert runtime.with_libtpu_options("--xla_tpu_spmd_rng_bit_generator_unsafe=false", "unsafe_rbg") == \
         "--xla_tpu_spmd_rng_bit_generator_unsafe=false"  # the user's own setting wins
     for choice in ("threefry", "rbg"):
-        assert train.with_libtpu_options("--a=1", choice) == "--a=1"
+        assert runtime.with_libtpu_options("--a=1", choice) == "--a=1"
     # auto is unsafe_rbg on a TPU (and threefry on the CPU and GPUs), so the driver sets the option for it too.
-    assert train.with_libtpu_options("", "auto") == option
-    assert [train.dropout_rng_name("auto", platform) for platform in ("tpu", "gpu", "cpu")] == \
+    assert runtime.with_libtpu_options("", "auto") == option
+    assert [runtime.dropout_rng_name("auto", platform) for platform in ("tpu", "gpu", "cpu")] == \
         ["unsafe_rbg", "threefry", "threefry"]
     with pytest.raises(ValueError, match=r"--config.train.dropout_rng='philox': choose auto or one of"):
         train.validate_dropout_rng("philox")

@@ -15,6 +15,7 @@ from bert_jax import pretraining
 from bert_jax import sharding as sharding_lib
 from bert_jax import train
 from bert_jax.data import input_pipeline
+from bert_jax import job_config
 from tests import helpers
 from tests._session import small_records, trained_run  # noqa: F401  (session fixtures)
 
@@ -158,7 +159,7 @@ def test_mismatched_held_out_files_stop_training_before_its_first_step(tmp_path,
     config.data.input_files, config.mesh.data = training, -1  # all devices, as a run would use them
     workdir = tmp_path / "run"
     with pytest.raises(ValueError) as error:
-        pretraining.train_and_evaluate(config, str(workdir))
+        helpers.run_pretraining(config, str(workdir))
     message = str(error.value)
     configured = config.data[field]
     assert mismatched in message and "--config.data.eval_input_files" in message
@@ -171,7 +172,7 @@ def test_mismatched_held_out_files_stop_training_before_its_first_step(tmp_path,
 
     # --mode=eval has no training data: there, the config's length may follow the files instead.
     with pytest.raises(ValueError) as error:
-        pretraining.evaluate_checkpoint(config, str(workdir))
+        helpers.run_eval(config, str(workdir))
     assert f"set --config.data.{field}={files_length} to evaluate at the files' lengths" in str(error.value)
 
 
@@ -181,9 +182,9 @@ def test_eval_mode_needs_only_the_held_out_files(trained_run, tmp_path):
     config = trained_run["config"]()
     config.data.input_files = ""
     with pytest.raises(ValueError, match="needs --config.data.input_files"):
-        train.validate_config(config, jax.device_count(), mode="train")
-    train.validate_config(config, jax.device_count(), mode="eval")
-    results = pretraining.evaluate_checkpoint(config, str(tmp_path),
+        job_config.validate(config, "train", jax.device_count())
+    job_config.validate(config, "eval", jax.device_count())
+    results = helpers.run_eval(config, str(tmp_path),
                                               os.path.join(trained_run["workdir"], "checkpoints"))
     assert results["step"] == 4 and results["eval_records"] == 48
     for name in METRICS:
@@ -191,4 +192,4 @@ def test_eval_mode_needs_only_the_held_out_files(trained_run, tmp_path):
 
     config.data.eval_input_files = ""
     with pytest.raises(ValueError, match=r"--mode=eval needs held-out data: set --config\.data\.eval_input_files"):
-        pretraining.evaluate_checkpoint(config, str(tmp_path))
+        helpers.run_eval(config, str(tmp_path))

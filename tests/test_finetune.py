@@ -27,6 +27,7 @@ from bert_jax import sharding as sharding_lib
 from bert_jax import train
 from bert_jax.data import finetune_data
 from bert_jax.data import tokenization
+from bert_jax import job_config
 from configs import finetune as finetune_configs
 from tests import helpers
 from tests._session import small_records, trained_run  # noqa: F401  (session fixtures)
@@ -91,7 +92,7 @@ def test_finetuning_learns_a_keyword_task_sharded_over_a_2x2x2_mesh(task, tmp_pa
     config.train.log_every = 10
     config.train.eval_every = 15
     workdir = str(tmp_path / "work")
-    final = finetune.finetune(config, workdir)
+    final = helpers.run_finetune(config, workdir)
     assert final["step"] == 30
     assert final["eval_accuracy"] >= 0.9, final  # chance is 0.5 on 200 held-out reviews
     lines = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8")]
@@ -103,7 +104,7 @@ def test_finetuning_learns_a_keyword_task_sharded_over_a_2x2x2_mesh(task, tmp_pa
     assert json.load(open(os.path.join(saved, finetune.LABELS_FILE), encoding="utf-8")) == ["negative", "positive"]
     # The saved parameters read back (as --config.init does), classifier included, onto a different mesh.
     config.mesh.data, config.mesh.fsdp, config.mesh.tensor = 8, 1, 1
-    model = model_lib.BertForSequenceClassification(finetune.resolve_model(config).model_config, 2)
+    model = model_lib.BertForSequenceClassification(finetune.model_source(init_architecture.resolve_init_architecture(config)).model_config, 2)
     mesh = sharding_lib.create_mesh(config.mesh)
     rules = sharding_lib.logical_rules(config.mesh)
     with jax.set_mesh(mesh):
@@ -120,7 +121,7 @@ def test_parameters_whose_own_loss_is_not_finite_are_never_saved(task, tmp_path)
     config.data.eval_file = ""
     config.train.num_steps = 1
     workdir = str(tmp_path / "work")
-    finetune.finetune(copy.deepcopy(config), workdir)
+    helpers.run_finetune(copy.deepcopy(config), workdir)
     state = os.path.join(workdir, finetune.FINETUNED_SUBDIR, checkpoint_lib.STATE_ITEM)
 
     def contents():
@@ -131,7 +132,7 @@ def test_parameters_whose_own_loss_is_not_finite_are_never_saved(task, tmp_path)
     config.optim.learning_rate, config.optim.warmup_proportion = 1e30, 0.0
     with pytest.raises(divergence.DivergenceError, match=r"^the parameters after step 1 went non-finite \(loss; "
                                                          r"loss nan\) on the next training batch; not saved"):
-        finetune.finetune(config, workdir)
+        helpers.run_finetune(config, workdir)
     assert contents() == before
 
 
@@ -239,7 +240,7 @@ def _from_pretrained(task, pretrained, mesh_shape=(-1, 1, 1)):
 
 def test_init_from_a_pretraining_checkpoint_loads_the_encoder_exactly(task, pretrained):
     config = _from_pretrained(task, pretrained, mesh_shape=(2, 2, 2))
-    source = finetune.resolve_model(config)
+    source = finetune.model_source(init_architecture.resolve_init_architecture(config))
     model = model_lib.BertForSequenceClassification(source.model_config, 3)
     mesh = sharding_lib.create_mesh(config.mesh)
     rules = sharding_lib.logical_rules(config.mesh)
@@ -260,7 +261,7 @@ def test_init_from_a_pretraining_checkpoint_loads_the_encoder_exactly(task, pret
     config.model.intermediate_size = 256  # set, and not the checkpoint's: named before anything is built
     with pytest.raises(ValueError, match=r"checkpoints \(.*model_config\.json\) has intermediate_size=512 but "
                                          r"--config\.model\.intermediate_size=256\. Fix"):
-        finetune.resolve_model(config)
+        finetune.model_source(init_architecture.resolve_init_architecture(config))
     # A model built past that check is refused before any array is read, naming the parameter.
     model = model_lib.BertForSequenceClassification(dataclasses.replace(source.model_config, intermediate_size=256), 3)
     with jax.set_mesh(mesh), pytest.raises(ValueError, match=r"layer_0.intermediate.bias has shape \(512,\) in "
@@ -278,7 +279,7 @@ def test_init_from_a_flax_export_takes_its_architecture_and_weights(task, tmp_pa
     config = _config(task, mesh_shape=(2, 2, 2))
     config.model.update(vocab_size=30522, max_position_embeddings=512)  # the tiny preset's: the export's are taken
     config.init = export.export_flax(weights, foreign, str(tmp_path / "flax"))
-    source = finetune.resolve_model(config)
+    source = finetune.model_source(init_architecture.resolve_init_architecture(config))
     assert (source.model_config.hidden_size, source.model_config.vocab_size,
             source.model_config.max_position_embeddings) == (64, rows, 32)
     assert source.model_config.dropout_rate == config.model.dropout_rate == 0.1  # dropout is this config's
@@ -296,12 +297,12 @@ def test_init_from_a_flax_export_takes_its_architecture_and_weights(task, tmp_pa
         served = {}
         monkeypatch.setattr(pretrained_lib, "load_pretrained", lambda path: (foreign, served["params"], "import"))
         served["params"] = {name: value for name, value in weights.items() if name != "pooler"}
-        params, _ = finetune.load_params(config, model, finetune.resolve_model(config), mesh, rules,
+        params, _ = finetune.load_params(config, model, finetune.model_source(init_architecture.resolve_init_architecture(config)), mesh, rules,
                                          jax.random.key(0))
         assert not np.array_equal(np.asarray(params["pooler"]["kernel"]), weights["pooler"]["kernel"])  # fresh
         served["params"] = {name: value for name, value in weights.items() if name != "layer_1"}
         with pytest.raises(ValueError, match=r"the converted checkpoint lacks \['layer_1'\]"):
-            finetune.load_params(config, model, finetune.resolve_model(config), mesh, rules, jax.random.key(0))
+            finetune.load_params(config, model, finetune.model_source(init_architecture.resolve_init_architecture(config)), mesh, rules, jax.random.key(0))
 
 
 def _write_lines(path, texts):
@@ -316,7 +317,7 @@ def _features(config, texts, path, pooling="cls", seq_length=16, batch_size=8):
     config.features.pooling = pooling
     config.data.max_seq_length = seq_length
     config.train.batch_size = batch_size
-    return np.load(finetune.extract_features(config, str(path.parent)))
+    return np.load(helpers.run_features(config, str(path.parent)))
 
 
 def test_cls_features_equal_the_model_output_in_input_order(task, pretrained, tmp_path):
@@ -326,7 +327,7 @@ def test_cls_features_equal_the_model_output_in_input_order(task, pretrained, tm
     assert features.shape == (11, 128) and features.dtype == np.float32
     tokenizer = tokenization.load_tokenizer(task["vocab"])
     encoded = finetune_data.encode_examples(tokenizer, finetune_data.Examples([texts], None, "<test>"), 16)
-    model = model_lib.BertModel(finetune.resolve_model(config).model_config)
+    model = model_lib.BertModel(finetune.model_source(init_architecture.resolve_init_architecture(config)).model_config)
     params = {name: value for name, value in pretrained["params"].items() if model_lib.is_encoder_parameter(name)}
     direct = jax.jit(model.apply)({"params": params}, encoded["input_ids"], encoded["input_mask"],
                                   encoded["segment_ids"])  # jitted: one compilation, not one per operation
@@ -359,20 +360,20 @@ def test_bad_csv_inputs_name_the_column_and_the_file(task, tmp_path):
     config.data.text_columns = "text"
     with pytest.raises(ValueError, match=r"train.csv \(--config.data.train_file\) has no column 'text' "
                                          r"\(--config.data.text_columns\).*\['review', 'sentiment'\]"):
-        finetune.finetune(config, str(tmp_path))
+        helpers.run_finetune(config, str(tmp_path))
     config = _config(task)
     config.data.label_column = "polarity"
     with pytest.raises(ValueError, match=r"train.csv.*no column 'polarity' \(--config.data.label_column\)"):
-        finetune.finetune(config, str(tmp_path))
+        helpers.run_finetune(config, str(tmp_path))
     config = _config(task)
     config.data.train_file = _write_csv(tmp_path / "one_class.tsv", [("good film", "pos"), ("fine", "pos")],
                                         delimiter="\t")
     with pytest.raises(ValueError, match=r"one_class.tsv: the label column.*'sentiment' holds a single class "
                                          r"\['pos'\]"):
-        finetune.finetune(config, str(tmp_path))
+        helpers.run_finetune(config, str(tmp_path))
     config.data.train_file = str(tmp_path / "missing.csv")
     with pytest.raises(FileNotFoundError, match=r"--config.data.train_file=.*missing.csv' does not exist"):
-        finetune.finetune(config, str(tmp_path))
+        helpers.run_finetune(config, str(tmp_path))
 
 
 def test_tfds_sources_read_offline_and_fail_clearly(task, tmp_path, monkeypatch, network_attempts):
@@ -411,7 +412,7 @@ def test_config_errors_name_the_field(task, field, value, message):
     section, name = field.split(".")
     config[section][name] = value
     with pytest.raises(ValueError, match=message):
-        finetune.validate_config(config, 8, mode="features")
+        job_config.validate(config, "features", 8)
 
 
 def test_config_presets_are_locked_and_glue_tasks_read_tfds():

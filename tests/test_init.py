@@ -13,7 +13,6 @@ import pytest
 from bert_jax.interop import export
 from bert_jax import model as model_lib
 from bert_jax.interop import init_architecture
-from bert_jax import pretraining
 from bert_jax.data import tokenization
 from configs import finetune as finetune_configs
 from configs import pretrain as pretrain_configs
@@ -228,7 +227,7 @@ def test_pretraining_continues_from_a_run_with_the_presets_defaults(trained_run,
     config.model.update(vocab_size=preset.vocab_size, max_position_embeddings=preset.max_position_embeddings)
     config.init = os.path.join(trained_run["workdir"], "checkpoints")
     with caplog.at_level(logging.INFO):
-        pretraining.train_and_evaluate(config, str(tmp_path))
+        helpers.run_pretraining(config, str(tmp_path))
     assert "vocab_size=512" in caplog.text and "max_position_embeddings=64" in caplog.text
     written = json.loads((tmp_path / init_architecture.RUN_MODEL_CONFIG).read_text())
     assert (written["vocab_size"], written["max_position_embeddings"]) == (512, 64)

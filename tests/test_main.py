@@ -261,7 +261,7 @@ def test_driver_prepares_the_data_then_logs_the_final_config_then_trains(tmp_pat
             return result
         return job
 
-    monkeypatch.setattr(pretraining, "train_and_evaluate", fake_job("train", {"loss": 1.0}))
+    monkeypatch.setattr(pretraining, "train_and_evaluate", fake_job("train", pretraining.TrainResult({"loss": 1.0})))
     monkeypatch.setattr(pretraining, "export_checkpoint", fake_job("export", str(tmp_path / "export")))
     common = [f"--config={helpers.ROOT}/configs/pretrain.py:size=tiny,data=corpus", f"--workdir={tmp_path}",
               f"--config.data.corpus={helpers.FIXTURES}/sample_text.txt", "--config.data.tokenizer_vocab_size=300",

@@ -11,6 +11,7 @@ import tensorflow as tf
 from bert_jax.data import input_pipeline
 from bert_jax import model as model_lib
 from bert_jax.data import packing
+from bert_jax import job_config
 from bert_jax import sharding as sharding_lib
 from bert_jax import train
 from configs import pretrain
@@ -253,4 +254,4 @@ def test_packing_config_is_checked_and_off_by_default():
     synthetic = helpers.tiny_config()
     synthetic.data.pack = True
     with pytest.raises(ValueError, match="data.pack=True .* synthetic"):
-        train.validate_config(synthetic, num_devices=1)
+        job_config.validate(synthetic, "train", 1)

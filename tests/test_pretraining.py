@@ -34,7 +34,7 @@ def test_loop_logs_metrics_and_evaluates(trained_run):
 def test_a_one_step_run_still_logs_its_losses(tmp_path):
     config = helpers.tiny_config((-1, 1, 1), num_steps=1, log_every=10)
     config.model.num_layers = 1  # the losses of one step need no second layer, and it compiles faster
-    final = pretraining.train_and_evaluate(config, str(tmp_path))
+    final = helpers.run_pretraining(config, str(tmp_path)).metrics
     assert final["step"] == 1
     assert final["mlm_loss"] == pytest.approx(np.log(helpers.TINY_VOCAB), rel=0.05)
     assert "sequences_per_second" not in final  # one step is all compilation: no rate to report
@@ -44,7 +44,7 @@ def test_the_trainer_never_makes_data_it_refuses_an_unprepared_corpus_config(tmp
     config = helpers.tiny_config((-1, 1, 1))
     config.data.source, config.data.corpus = "corpus", f"{helpers.FIXTURES}/sample_text.txt"
     for job in (pretraining.train_and_evaluate, pretraining.evaluate_checkpoint, pretraining.export_checkpoint):
-        with pytest.raises(ValueError, match=r"bert_jax.data.workdir.prepare\(config, workdir\)"):
+        with pytest.raises(ValueError, match=r"bert_jax.job_config.prepare\(config, workdir, mode\)"):
             job(config, str(tmp_path))
     assert list(tmp_path.iterdir()) == []
 
@@ -54,7 +54,7 @@ def test_eval_mode_and_init_from_another_run(trained_run, tmp_path):
     first, final = trained_run["workdir"], trained_run["final"]
     config = trained_run["config"]()
     # --mode=eval on the final checkpoint reads the same held-out batches: the same numbers.
-    results = pretraining.evaluate_checkpoint(config, str(tmp_path / "eval"), os.path.join(first, "checkpoints"))
+    results = helpers.run_eval(config, str(tmp_path / "eval"), os.path.join(first, "checkpoints"))
     assert results["step"] == 4
     for name in ("eval_mlm_loss", "eval_mlm_accuracy", "eval_nsp_loss", "eval_nsp_accuracy"):
         assert results[name] == pytest.approx(final[name], rel=1e-6), name
@@ -69,7 +69,7 @@ def test_eval_mode_and_init_from_another_run(trained_run, tmp_path):
     config.train.profile_start_step = 0
     config.data.eval_input_files = ""  # no evaluation: its numbers were checked above
     config.checkpoint.max_to_keep = 1
-    pretraining.train_and_evaluate(config, str(second))
+    helpers.run_pretraining(config, str(second))
     with pytest.raises(FileNotFoundError, match="does not exist"):
         checkpoint_lib.restore_params(str(tmp_path / "nowhere"), None, None)
     mesh, rules, model, tx = helpers.state_on_mesh(config, (2, 2, 2))
@@ -117,7 +117,7 @@ def test_init_from_a_huggingface_model_continues_pretraining(tmp_path, caplog, m
 
     monkeypatch.setattr(pretrained, "load_pretrained", load_and_keep)
     with caplog.at_level(logging.INFO):
-        pretraining.train_and_evaluate(config, str(tmp_path))
+        helpers.run_pretraining(config, str(tmp_path))
     [warning] = [line for line in caplog.text.splitlines() if f"--config.init: {model_dir} has no" in line]
     assert "mlm_layer_norm/bias" in warning and "nsp_head/kernel" in warning and "initialised afresh" in warning
     assert "vocabulary padded from 30522 to 30592 rows" in caplog.text
@@ -136,4 +136,4 @@ def test_init_from_a_huggingface_model_continues_pretraining(tmp_path, caplog, m
     # Another architecture is refused naming the field (a small one: the state is created before the import).
     config.model.update(hidden_size=192, num_layers=1, intermediate_size=384)
     with pytest.raises(ValueError, match=r"has hidden_size=384 but --config\.model\.hidden_size=192"):
-        pretraining.train_and_evaluate(config, str(tmp_path / "mismatch"))
+        helpers.run_pretraining(config, str(tmp_path / "mismatch"))

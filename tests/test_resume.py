@@ -18,7 +18,6 @@ import time
 import numpy as np
 import pytest
 
-from bert_jax import pretraining
 from configs import pretrain
 from tests import helpers
 from tests import test_metrics
@@ -164,12 +163,12 @@ def test_kill_9_then_sigterm_then_resume_gives_the_uninterrupted_losses_bit_for_
 
     end = saved + 3
     with caplog.at_level(logging.INFO, logger="absl"):  # absl sets its own level from --verbosity
-        pretraining.train_and_evaluate(_in_process_config([*run, f"--config.train.num_steps={end}"]), str(workdir))
+        helpers.run_pretraining(_in_process_config([*run, f"--config.train.num_steps={end}"]), str(workdir))
     assert f"resumed from {workdir}/checkpoints/{saved} at step {saved} " in caplog.text
     assert "Metadata file does not exist" not in caplog.text
 
     reference = [*run, f"--config.train.num_steps={end}", *NO_PERIODIC_SAVES]
-    pretraining.train_and_evaluate(_in_process_config(reference), str(tmp_path / "reference"))
+    helpers.run_pretraining(_in_process_config(reference), str(tmp_path / "reference"))
     # Each step once in metrics.jsonl, though the killed run logged steps past its last checkpoint: the resumed
     # runs dropped those records and logged the steps again.
     records = test_metrics.jsonl_records(workdir / "metrics.jsonl")
@@ -219,9 +218,8 @@ def test_two_processes_train_like_one_stop_together_on_sigterm_and_resume(tmp_pa
     assert f"resumed from {pair}/checkpoints/{saved} at step {saved} " in _read(logs[1])
     assert _checkpoint_steps(pair)[-1] == end
 
-    pretraining.train_and_evaluate(
-        _in_process_config([*SYNTHETIC_RUN, f"--config.train.num_steps={end}", *NO_PERIODIC_SAVES]),
-        str(tmp_path / "single"))
+    helpers.run_pretraining(_in_process_config([*SYNTHETIC_RUN, f"--config.train.num_steps={end}", *NO_PERIODIC_SAVES]),
+                     str(tmp_path / "single"))
     expected, got = _metrics(tmp_path / "single"), _metrics(pair)
     assert sorted(got) == sorted(expected) == list(range(1, end + 1))
     for step in range(1, end + 1):
@@ -229,8 +227,7 @@ def test_two_processes_train_like_one_stop_together_on_sigterm_and_resume(tmp_pa
             assert got[step][name] == pytest.approx(expected[step][name], rel=1e-6, abs=0), (step, name)
 
     with caplog.at_level(logging.INFO, logger="absl"):  # absl sets its own level from --verbosity
-        pretraining.train_and_evaluate(_in_process_config([*SYNTHETIC_RUN, f"--config.train.num_steps={end + 1}"]),
-                                       str(pair))
+        helpers.run_pretraining(_in_process_config([*SYNTHETIC_RUN, f"--config.train.num_steps={end + 1}"]), str(pair))
     assert "written by a different number of processes" in caplog.text
     assert f"resumed from {pair}/checkpoints/{end} at step {end} " in caplog.text
     assert max(_metrics(pair)) == end + 1

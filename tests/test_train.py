@@ -11,6 +11,7 @@ from bert_jax import optim
 from bert_jax import sharding as sharding_lib
 from bert_jax import train
 from bert_jax.data import input_pipeline
+from bert_jax import job_config
 from tests import helpers
 
 
@@ -200,7 +201,7 @@ def test_bad_config_is_refused_naming_the_field(field, value, message):
     section, name = field.split(".")
     config[section][name] = value
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace("[", r"\[")):
-        train.validate_config(config, num_devices=8)
+        job_config.validate(config, "train", 8)
 
 
 def test_locked_config_refuses_misspelt_fields():

@@ -29,6 +29,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 import numpy as np
 
 from bert_jax import chips as chips_lib
+from bert_jax import job_config
 from bert_jax import metrics as metrics_lib
 from bert_jax import model as model_lib
 from bert_jax import optim
@@ -236,7 +237,7 @@ def compile_train_step(config, topology: str, num_slices: int = 1):
     config.mesh.dcn_data = num_slices
     chip = topology.split(":", 1)[0]
     num_hosts = len({device.process_index for device in devices})
-    train.validate_config(config, len(devices), num_hosts)
+    job_config.validate(config, "train", len(devices), num_hosts)
     data = config.data
     model_config = model_lib.BertConfig.from_config(config.model)
     model = model_lib.BertForPreTraining(model_config)

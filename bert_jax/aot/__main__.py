@@ -12,7 +12,7 @@ from ml_collections import config_flags
 
 from bert_jax import aot
 from bert_jax import model as model_lib
-from bert_jax import train
+from bert_jax import runtime
 from bert_jax.aot import planner
 
 FLAGS = flags.FLAGS
@@ -54,8 +54,7 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     # Before libtpu loads (the first topology): the option the config's dropout RNG needs, as the driver sets it.
-    os.environ["LIBTPU_INIT_ARGS"] = train.with_libtpu_options(os.environ.get("LIBTPU_INIT_ARGS", ""),
-                                                               FLAGS.config.train.dropout_rng)
+    runtime.set_libtpu_options(FLAGS.config.train.dropout_rng)
     # JAX logs, at absl's default INFO, that no TPU backend starts on this host: expected of a compile-only run.
     logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
     if FLAGS.plan:

@@ -53,7 +53,7 @@ flags.DEFINE_enum("matmuls", "total", ["total", "shapes", "off"], "After the ste
                   "step alone (one device only) and print their total as a bound on the step ('shapes': also one "
                   "line per distinct matmul).")
 flags.DEFINE_enum("dropout_rng", "threefry", ["threefry", "rbg", "unsafe_rbg", "auto"], "The dropout key's PRNG "
-                  "(configs/pretrain.py train.dropout_rng; auto: bert_jax.train.AUTO_DROPOUT_RNG for this platform).")
+                  "(configs/pretrain.py train.dropout_rng; auto: bert_jax.runtime.AUTO_DROPOUT_RNG for this platform).")
 FLAGS = flags.FLAGS
 
 # The columns of the two tables, in order (the test checks the header against these).
@@ -342,7 +342,7 @@ def run(sizes, seq_length: int, batch_size: int, max_predictions: int = 0, dtype
     before = matmul_ceiling(matmul_size, jnp.dtype(dtype)) * parallel
     peak = metrics_lib.peak_flops_per_device(device) * len(devices)
     print_fn(f"devices: {len(devices)} x {device.device_kind} ({device.platform}), jax {jax.__version__}; dropout "
-             f"RNG {train.dropout_rng_name(dropout_rng, device.platform)}")
+             f"RNG {runtime.dropout_rng_name(dropout_rng, device.platform)}")
     if device.platform == "cpu":
         print_fn(f"CPU threads: JAX/XLA {cores} (its pool is sized by the cores this process may run on)"
                  + (f", torch {threads} (torch.set_num_threads)" if compare_torch else ""))

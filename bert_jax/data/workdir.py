@@ -4,13 +4,14 @@ corpus (`data.corpus`, streamed; every n-th document held out) -> tokenizer (tra
 or `data.vocab_file`) -> unmasked training instances (masked dynamically by the input pipeline, fresh masks every
 epoch) and statically masked evaluation instances (fixed masks, so evaluations are comparable) in WORKDIR/data.
 
-The driver (bert_jax.main) calls `prepare` on every process before it logs the config and trains, so the trainer
+bert_jax.job_config.prepare calls `prepare` on every process before the driver logs the config, so the trainer
 only ever reads TFRecords. It builds once: later runs in the same workdir (a resumed run, say) find
 WORKDIR/data/READY.json and reuse the data, as long as the data settings match. Only process 0 builds; the others
 wait for it. For corpora that need many machines, run `bert_jax.data.create_beam` separately and train with
 `data.source=tfrecord`.
 """
 
+import copy
 import functools
 import json
 import os
@@ -99,10 +100,10 @@ def _build(config, data_dir: str) -> dict:
             "stats": {split: summary.get("stats", {}) for split, summary in summaries.items()}}
 
 
-def prepare(config, workdir: str) -> None:
-    """Makes (or reuses) WORKDIR/data for `config` and points `config.data` / `config.model.vocab_size` at it.
+def prepare(config, workdir: str):
+    """Makes (or reuses) WORKDIR/data for `config`; returns a copy of `config` pointed at it.
 
-    Afterwards `data.source` is "tfrecord", `data.input_files` / `eval_input_files` name the shards, `data.vocab_file`
+    In the copy `data.source` is "tfrecord", `data.input_files` / `eval_input_files` name the shards, `data.vocab_file`
     the tokenizer, `data.special_ids` its ids, and `model.vocab_size` the tokenizer's size padded to a multiple of
     128 (the extra rows are never produced by the data).
     """
@@ -130,6 +131,7 @@ def prepare(config, workdir: str) -> None:
     with fileio.open_file(ready_path) as file:
         ready = json.load(file)
 
+    config = copy.deepcopy(config)
     padded = tokenization.padded_vocab_size(ready["tokenizer_vocab_size"])
     if config.model.vocab_size != padded:
         logging.info("model.vocab_size %d -> %d (tokenizer's %d entries padded to a multiple of 128)",
@@ -141,3 +143,4 @@ def prepare(config, workdir: str) -> None:
     data.eval_input_files = ready["eval_files"]
     data.vocab_file = ready["tokenizer_dir"]
     data.special_ids = tuple(ready["special_ids"])
+    return config

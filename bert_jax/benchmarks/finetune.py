@@ -79,7 +79,7 @@ def write_task(directory: str, examples: int, vocab_size: int, seed: int = 0) ->
     return vocab_path, csv_path
 
 
-def job_config(vocab_path: str, csv_path: str):
+def task_config(vocab_path: str, csv_path: str):
     """configs/finetune.py with the benchmark's shape, data, steps and learning rate; no evaluation."""
     from configs import finetune as finetune_recipe  # pylint: disable=import-outside-toplevel
     config = finetune_recipe.get_config("size=mini")
@@ -97,10 +97,11 @@ def job_config(vocab_path: str, csv_path: str):
 def run_jax(task_dir: str) -> dict:
     """The driver's fine-tuning job on the task; window seconds from its metrics.jsonl."""
     from bert_jax import finetune  # pylint: disable=import-outside-toplevel
-    config = job_config(os.path.join(task_dir, "vocab.txt"), os.path.join(task_dir, "train.csv"))
+    from bert_jax import job_config  # pylint: disable=import-outside-toplevel
+    config = task_config(os.path.join(task_dir, "vocab.txt"), os.path.join(task_dir, "train.csv"))
     with tempfile.TemporaryDirectory() as workdir:
         start = time.perf_counter()
-        finetune.finetune(config, workdir)
+        finetune.finetune(job_config.prepare(config, workdir, "finetune"), workdir)
         job_s = time.perf_counter() - start
         with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as file:
             records = [json.loads(line) for line in file if line.strip()]
@@ -115,7 +116,7 @@ def run_torch(task_dir: str) -> dict:
     import transformers  # pylint: disable=import-outside-toplevel
     from bert_jax.data import finetune_data, tokenization  # pylint: disable=import-outside-toplevel
 
-    config = job_config(os.path.join(task_dir, "vocab.txt"), os.path.join(task_dir, "train.csv"))
+    config = task_config(os.path.join(task_dir, "vocab.txt"), os.path.join(task_dir, "train.csv"))
     tokenizer = tokenization.load_tokenizer(config.data.vocab_file, do_lower_case=True)
     examples = finetune_data.read_examples(config.data.train_file, config.data)
     labels = finetune_data.label_ids(examples, finetune_data.label_names(examples, config.data))

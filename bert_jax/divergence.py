@@ -19,6 +19,16 @@ class DivergenceError(RuntimeError):
     """A training step diverged (non-finite values or a loss spike); the message names the checkpoint to resume."""
 
 
+class Diverged(Exception):
+    """Raised by Monitor.check at the first step that diverged; the job decides what follows (pretraining rewinds
+    or stops with a DivergenceError, fine-tuning stops)."""
+
+    def __init__(self, step: int, problem: str):
+        super().__init__(f"step {step} {problem}")
+        self.step = step
+        self.problem = problem
+
+
 @dataclasses.dataclass
 class Health:
     """The part of a run's state that judges its steps, saved with each checkpoint as JSON.
@@ -96,6 +106,12 @@ class Monitor:
         losses.append(loss)
         del losses[:-self.spike_window]
         return None
+
+    def check(self, step: int, metrics: dict[str, float]) -> None:
+        """Raises Diverged when step `step` (with these host `metrics`, see `problem`) diverged."""
+        problem = self.problem(metrics)
+        if problem:
+            raise Diverged(step, problem)
 
     def verify(self, step: int) -> None:
         """Checkpoint `step` (if one was saved) gave a healthy next step."""

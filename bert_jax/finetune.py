@@ -231,87 +231,127 @@ def _evaluate(eval_step, params, encoded, labels, batch_size, batch_sharding, ro
     return {"eval_loss": totals["loss_sum"] / totals["count"], "eval_accuracy": totals["correct"] / totals["count"]}
 
 
-def finetune(config, workdir: str) -> dict[str, float]:
-    """Fine-tunes a classifier as `config` describes; returns the last logged metrics (with eval_accuracy)."""
-    tokenizer, source, mesh, rules = _setup(config)
-    data, train = config.data, config.train
+@dataclasses.dataclass
+class _Task:
+    """The labelled examples, tokenized (finetune_data.encode_examples), with their class names."""
+    names: list[str]  # class names in id order
+    train_encoded: dict
+    train_labels: np.ndarray
+    eval_encoded: dict | None = None
+    eval_labels: np.ndarray | None = None
+
+
+def _read_task(config, tokenizer) -> _Task:
+    data = config.data
     train_examples = finetune_data.read_examples(data.train_file, data)
     names = finetune_data.label_names(train_examples, data)
-    train_labels = finetune_data.label_ids(train_examples, names)
     logging.info("%d classes (id: name): %s", len(names), ", ".join(f"{i}: {n}" for i, n in enumerate(names)))
-    train_encoded = finetune_data.encode_examples(tokenizer, train_examples, data.max_seq_length)
+    task = _Task(names, finetune_data.encode_examples(tokenizer, train_examples, data.max_seq_length),
+                 finetune_data.label_ids(train_examples, names))
     if data.eval_file:
         eval_examples = finetune_data.read_examples(data.eval_file, data, field="data.eval_file")
-        eval_labels = finetune_data.label_ids(eval_examples, names)
-        eval_encoded = finetune_data.encode_examples(tokenizer, eval_examples, data.max_seq_length)
-    num_steps = train.num_steps or math.ceil(train.num_epochs * len(train_labels) / train.batch_size)
+        task.eval_labels = finetune_data.label_ids(eval_examples, names)
+        task.eval_encoded = finetune_data.encode_examples(tokenizer, eval_examples, data.max_seq_length)
+    return task
+
+
+def _create_optimizer(config, num_examples: int):
+    """(tx, schedule, num_steps): train.num_steps, or train.num_epochs over the examples; warmup in proportion."""
+    train = config.train
+    num_steps = train.num_steps or math.ceil(train.num_epochs * num_examples / train.batch_size)
     optim_config = ml_collections.ConfigDict(config.optim.to_dict())
     optim_config.warmup_steps = config.optim.warmup_steps or int(config.optim.warmup_proportion * num_steps)
     tx, schedule = optim.create_optimizer(optim_config, num_steps)
-    logging.info("%d training examples, %d steps of %d (%.2f epochs), warmup %d steps", len(train_labels), num_steps,
-                 train.batch_size, num_steps * train.batch_size / len(train_labels), optim_config.warmup_steps)
-    model = model_lib.BertForSequenceClassification(source.model_config, len(names))
-    output_dir = fileio.join(workdir, FINETUNED_SUBDIR)
-    writer = metrics_lib.MetricWriter(workdir)
+    logging.info("%d training examples, %d steps of %d (%.2f epochs), warmup %d steps", num_examples, num_steps,
+                 train.batch_size, num_steps * train.batch_size / num_examples, optim_config.warmup_steps)
+    return tx, schedule, num_steps
+
+
+def _write_model_files(output_dir: str, names: list[str], model_config: model_lib.BertConfig, tokenizer) -> None:
+    """What --config.init=WORKDIR/finetuned reads beside the parameters: classes, architecture, vocabulary."""
     if jax.process_index() == 0:
         fileio.makedirs(output_dir)
         _write_json(fileio.join(output_dir, LABELS_FILE), names)
-        _write_json(fileio.join(output_dir, init_architecture.RUN_MODEL_CONFIG), dataclasses.asdict(source.model_config))
-        tokenizer.save(output_dir)  # so that --config.init=WORKDIR/finetuned finds its vocabulary
+        _write_json(fileio.join(output_dir, init_architecture.RUN_MODEL_CONFIG), dataclasses.asdict(model_config))
+        tokenizer.save(output_dir)
 
-    init_rng = jax.random.split(jax.random.key(train.seed))[0]
+
+def _create_state(config, model, source, tx, mesh, rules):
+    """(TrainState, its shardings): the parameters --config.init gives (or fresh ones), a fresh optimizer state."""
+    init_rng = jax.random.split(jax.random.key(config.train.seed))[0]
+    params, param_shardings = load_params(config, model, source, mesh, rules, init_rng)
+    boxed, _, _ = _abstract_params(model, mesh, rules, config.data.max_seq_length)
+    opt_shardings = sharding_lib.tree_shardings(jax.eval_shape(tx.init, boxed), mesh, rules)
+    replicated = NamedSharding(mesh, PartitionSpec())
+    state = TrainState(step=jax.device_put(jnp.zeros((), jnp.int32), replicated), params=params,
+                       opt_state=jax.jit(tx.init, out_shardings=opt_shardings)(params))
+    return state, TrainState(step=replicated, params=param_shardings, opt_state=opt_shardings)
+
+
+def finetune(config, workdir: str) -> dict[str, float]:
+    """Fine-tunes a classifier as `config` (from bert_jax.job_config.prepare) describes; returns the last logged
+    metrics (with eval_accuracy)."""
+    # Data, model and optimizer.
+    tokenizer, source, mesh, rules = _setup(config)
+    task = _read_task(config, tokenizer)
+    tx, schedule, num_steps = _create_optimizer(config, len(task.train_labels))
+    model = model_lib.BertForSequenceClassification(source.model_config, len(task.names))
+    output_dir = fileio.join(workdir, FINETUNED_SUBDIR)
+    _write_model_files(output_dir, task.names, source.model_config, tokenizer)
+    train = config.train
     dropout_rng = dropout_key(train.seed, train.dropout_rng, jax.devices()[0].platform)
+    writer = metrics_lib.MetricWriter(workdir)
     with jax.set_mesh(mesh):
-        params, param_shardings = load_params(config, model, source, mesh, rules, init_rng)
-        boxed, _, _ = _abstract_params(model, mesh, rules, data.max_seq_length)
-        opt_shardings = sharding_lib.tree_shardings(jax.eval_shape(tx.init, boxed), mesh, rules)
-        replicated = NamedSharding(mesh, PartitionSpec())
-        state = TrainState(step=jax.device_put(jnp.zeros((), jnp.int32), replicated), params=params,
-                           opt_state=jax.jit(tx.init, out_shardings=opt_shardings)(params))
-        state_shardings = TrainState(step=replicated, params=param_shardings, opt_state=opt_shardings)
+        # State and steps.
+        state, state_shardings = _create_state(config, model, source, tx, mesh, rules)
         batch_sharding = sharding_lib.batch_sharding(mesh, rules)
         rows = sharding_lib.process_rows(batch_sharding, train.batch_size)
         train_step = jit_train_step(make_train_step(model, tx, schedule, rules), state_shardings, mesh, rules)
-        eval_step = jax.jit(make_eval_step(model, rules), in_shardings=(param_shardings, batch_sharding),
-                            out_shardings=replicated)
-        batches = finetune_data.train_batches(len(train_labels), train.batch_size, train.seed)
+        eval_step = jax.jit(make_eval_step(model, rules), in_shardings=(state_shardings.params, batch_sharding),
+                            out_shardings=NamedSharding(mesh, PartitionSpec()))
+        # Loop.
+        batches = finetune_data.train_batches(len(task.train_labels), train.batch_size, train.seed)
         monitor = divergence.Monitor(train.spike_factor, train.spike_window)
         window, last, start = [], {}, time.perf_counter()
         for step in range(1, num_steps + 1):
-            local = finetune_data.local_batch(train_encoded, train_labels, next(batches), rows)
-            batch = sharding_lib.make_global_batch(local, batch_sharding)
-            state, metrics = train_step(state, batch, dropout_rng)
+            local = finetune_data.local_batch(task.train_encoded, task.train_labels, next(batches), rows)
+            state, metrics = train_step(state, sharding_lib.make_global_batch(local, batch_sharding), dropout_rng)
             window.append(metrics)  # pulled to the host only at log steps
-            evaluate = bool(data.eval_file) and (step == num_steps or
-                                                 (train.eval_every > 0 and step % train.eval_every == 0))
+            evaluate = bool(config.data.eval_file) and (step == num_steps or
+                                                        (train.eval_every > 0 and step % train.eval_every == 0))
             if step % train.log_every and step != num_steps and not evaluate:
                 continue
-            host = jax.device_get(window)
-            for offset, values in enumerate(host):
-                problem = monitor.problem({name: float(value) for name, value in values.items()})
-                if problem:
-                    raise divergence.DivergenceError(
-                        f"step {step - len(host) + 1 + offset} {problem}; stopped, nothing saved ({output_dir} holds "
-                        "what an earlier run saved, if any): lower --config.optim.learning_rate or check the data")
-            scalars = {k: float(np.mean([values[k] for values in host]))
-                       for k in ("loss", "accuracy", "grad_norm", "learning_rate")}
-            scalars["examples_per_second"] = len(host) * train.batch_size / (time.perf_counter() - start)
+            scalars = _window_scalars(monitor, jax.device_get(window), step, output_dir)
+            scalars["examples_per_second"] = len(window) * train.batch_size / (time.perf_counter() - start)
             if evaluate:
-                scalars.update(_evaluate(eval_step, state.params, eval_encoded, eval_labels, train.batch_size,
-                                         batch_sharding, rows))
+                scalars.update(_evaluate(eval_step, state.params, task.eval_encoded, task.eval_labels,
+                                         train.batch_size, batch_sharding, rows))
             logging.info("step %d/%d | %s", step, num_steps, " | ".join(f"{k} {v:.4g}" for k, v in scalars.items()))
             writer.write(step, scalars)
             last = dict(scalars, step=step)
             window, start = [], time.perf_counter()
         # Saved only once their own loss, on the next training batch (without dropout), is known to be healthy.
-        _judge_final_params(monitor, eval_step, state.params, train_encoded, train_labels, next(batches), rows,
-                            batch_sharding, num_steps, output_dir)
+        _judge_final_params(monitor, eval_step, state.params, task.train_encoded, task.train_labels, next(batches),
+                            rows, batch_sharding, num_steps, output_dir)
         with ocp.StandardCheckpointer() as saver:
             saver.save(epath.Path(output_dir) / checkpoint_lib.STATE_ITEM, {"train_state": {"params": state.params}},
                        force=True)
     writer.close()
     logging.info("fine-tuned parameters saved to %s (classes in %s)", output_dir, LABELS_FILE)
     return last
+
+
+def _window_scalars(monitor, host: list[dict], step: int, output_dir: str) -> dict[str, float]:
+    """The mean metrics of the steps up to `step` since the last log line, each step judged first (in order)."""
+    try:
+        for offset, values in enumerate(host):
+            monitor.check(step - len(host) + 1 + offset, {name: float(value) for name, value in values.items()})
+    except divergence.Diverged as diverged:
+        raise divergence.DivergenceError(
+            f"{diverged}; stopped, nothing saved ({output_dir} holds what an earlier run saved, if any): lower "
+            "--config.optim.learning_rate or check the data") from None
+    return {k: float(np.mean([values[k] for values in host])) for k in ("loss", "accuracy", "grad_norm",
+                                                                         "learning_rate")}
 
 
 def _judge_final_params(monitor, eval_step, params, encoded, labels, indices, rows, batch_sharding, step: int,

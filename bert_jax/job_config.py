@@ -17,6 +17,7 @@ import re
 import jax
 
 from bert_jax import divergence
+from bert_jax import fileio
 from bert_jax import model as model_lib
 from bert_jax import optim
 from bert_jax import sharding as sharding_lib
@@ -29,26 +30,31 @@ PRETRAINING_MODES = ("train", "eval", "export")  # with configs/pretrain.py
 DOWNSTREAM_MODES = ("finetune", "features")  # with configs/finetune.py
 MODES = PRETRAINING_MODES + DOWNSTREAM_MODES
 POOLINGS = ("cls", "mean", "last4")  # features.pooling
+_RECIPES = "--mode=finetune/features take configs/finetune.py, the other modes configs/pretrain.py"
 
 
 def prepare(config, workdir: str, mode: str, command_line=()):
     """The config the job `mode` runs, as a locked copy (`config` is not changed).
 
-    In order: the architecture (and tokenizer) of the checkpoint --config.init names, except for the fields named in
-    `command_line` (config paths such as "model.hidden_size", which must agree with it; see
-    init_architecture.resolve_init_architecture); the whole config checked for this many devices and processes;
-    then, for pretraining from a corpus, WORKDIR/data made or reused (bert_jax.data.workdir.prepare: every process
-    calls it, process 0 writes), which points the config at its TFRecords and tokenizer; last, the checks that read
-    files (the tokenizer against the model, the held-out TFRecords' layout).
+    In order: WORKDIR created (if it is not a directory yet); the architecture (and tokenizer) of the checkpoint
+    --config.init names, except for the fields named in `command_line` (config paths such as "model.hidden_size",
+    which must agree with it; see init_architecture.resolve_init_architecture); the whole config checked for this
+    many devices and processes; then, for pretraining from a corpus, WORKDIR/data made or reused
+    (bert_jax.data.workdir.prepare: every process calls it, process 0 writes), which points the config at its
+    TFRecords and tokenizer; last, the checks that read files (the tokenizer against the model, the held-out
+    TFRecords' layout).
     """
     if mode not in MODES:
         raise ValueError(f"mode={mode!r}: choose one of {MODES}")
+    _check_workdir(workdir)
+    if ("features" in config) != (mode in DOWNSTREAM_MODES):  # configs/finetune.py alone has a features section
+        raise ValueError(f"--config is {'not ' if mode in DOWNSTREAM_MODES else ''}the fine-tuning recipe but "
+                         f"--mode={mode}: " + _RECIPES)
     try:
         config = init_architecture.resolve_init_architecture(copy.deepcopy(config), command_line)
         validate(config, mode)
     except (KeyError, AttributeError) as error:  # a field of the other recipe
-        raise ValueError(f"--config has no field {error} for --mode={mode}: --mode=finetune/features take "
-                         "configs/finetune.py, the other modes configs/pretrain.py") from None
+        raise ValueError(f"--config has no field {error} for --mode={mode}: " + _RECIPES) from None
     if mode in PRETRAINING_MODES and config.data.source == "corpus":
         # Imported here: it imports TensorFlow, which the other jobs never need before they start.
         from bert_jax.data import workdir as workdir_lib  # pylint: disable=import-outside-toplevel
@@ -249,3 +255,13 @@ def _check_files(config, mode: str) -> None:
         # Now, not at the first evaluation, which training reaches only after train.eval_every steps.
         from bert_jax.data import input_pipeline  # pylint: disable=import-outside-toplevel
         input_pipeline.check_eval_files(config.data, mode=mode)
+
+
+def _check_workdir(path: str) -> None:
+    if fileio.exists(path) and not fileio.isdir(path):
+        raise ValueError(f"--workdir={path} is a file; pass a directory (a new one, or a run's to resume it)")
+    try:
+        fileio.makedirs(path)
+    except OSError as error:
+        raise ValueError(f"--workdir={path}: cannot create the directory ({error.strerror or error}); pass a "
+                         "directory you can write to") from None

@@ -14,7 +14,6 @@ from ml_collections import config_flags
 
 from bert_jax import checkpoint
 from bert_jax import divergence
-from bert_jax import fileio
 from bert_jax import finetune
 from bert_jax import job_config
 from bert_jax import pretraining
@@ -25,7 +24,7 @@ FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/pretrain.py:size=base.",
                                 lock_config=True)
 flags.DEFINE_string("workdir", None, "Directory for TensorBoard events, metrics.jsonl and checkpoints.")
-flags.DEFINE_enum("mode", "train", ["train", "eval", "export", "finetune", "features"],
+flags.DEFINE_enum("mode", "train", job_config.MODES,
                   "train: pretrain (resuming from WORKDIR/checkpoints if there are any); eval: held-out MLM/NSP "
                   "metrics of a checkpoint's parameters; export: a checkpoint to HuggingFace or Flax files; "
                   "finetune: sequence classification (with configs/finetune.py); features: embeddings to .npy "
@@ -48,7 +47,6 @@ flags.mark_flags_as_required(["config", "workdir"])
 def main(argv):
     if len(argv) > 1:
         raise ValueError(f"unexpected arguments {argv[1:]}: every setting is a --flag or a --config.FIELD=VALUE")
-    _check_workdir(FLAGS.workdir)
     runtime.set_libtpu_options(FLAGS.config.train.dropout_rng)  # before JAX starts its TPU backend (below)
     sharding.initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id,
                                     FLAGS.heartbeat_timeout_s)
@@ -77,16 +75,6 @@ def main(argv):
 
 def _log_results(results: dict[str, float]) -> None:
     logging.info("done: %s", " ".join(f"{name}={value:.6g}" for name, value in results.items()))
-
-
-def _check_workdir(path: str) -> None:
-    if fileio.exists(path) and not fileio.isdir(path):
-        raise ValueError(f"--workdir={path} is a file; pass a directory (a new one, or a run's to resume it)")
-    try:
-        fileio.makedirs(path)
-    except OSError as error:
-        raise ValueError(f"--workdir={path}: cannot create the directory ({error.strerror or error}); pass a "
-                         "directory you can write to") from None
 
 
 # User errors (a bad flag, field, file or path), a diverged run and a failed save (a full disk). The driver prints

@@ -9,14 +9,16 @@ import contextlib
 import dataclasses
 import functools
 import time
-from typing import Any, Iterator
+from typing import Callable, Iterator
 
 from absl import logging
 from etils import epath
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
+import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from bert_jax import checkpoint as checkpoint_lib
@@ -28,7 +30,7 @@ from bert_jax import optim
 from bert_jax.interop import init_architecture
 from bert_jax.interop import pretrained
 from bert_jax import sharding as sharding_lib
-from bert_jax.train import (abstract_train_state, dropout_key, create_train_state, jit_eval_step,
+from bert_jax.train import (TrainState, abstract_train_state, dropout_key, create_train_state, jit_eval_step,
                             jit_train_step, make_eval_step, make_train_step)
 
 
@@ -63,15 +65,26 @@ def evaluate(eval_step, params, batches: Iterator, batch_sharding, num_batches: 
 @dataclasses.dataclass
 class _Run:
     """Everything a job needs, built once from the config: model, mesh, optimizer, data."""
-    config: Any
+    config: ml_collections.ConfigDict
     workdir: str
     model_config: model_lib.BertConfig
     model: nn.Module
-    mesh: Any
-    rules: Any
-    tx: Any
-    schedule: Any
-    make_iterator: Any
+    mesh: jax.sharding.Mesh
+    rules: tuple  # logical axis name -> mesh axes (sharding.logical_rules)
+    tx: optax.GradientTransformation
+    schedule: optax.Schedule
+    make_iterator: Callable[..., Iterator]  # (split=, seed=) -> the input pipeline's iterator
+
+
+@dataclasses.dataclass
+class _Start:
+    """What the loop starts from (see _start_state)."""
+    state: TrainState
+    shardings: TrainState  # of `state`
+    step_rng: jax.Array
+    batches: Iterator  # the training input, at the position the state was saved with
+    health: divergence.Health  # the checkpoint's record, with a rewind that checkpoint.restore_step asks for added
+    position: int  # the input position the checkpoint holds (before any skip; 0 from scratch)
 
 
 def _require_prepared_data(config) -> None:
@@ -113,13 +126,8 @@ def _checkpointer(run: _Run) -> checkpoint_lib.Checkpointer:
                                        compression=ckpt.compression)
 
 
-def _start_state(run: _Run, checkpointer, train_batches):
-    """The state, RNG and input to start from; see bert_jax/checkpoint.py for the order.
-
-    Returns (state, state_shardings, step_rng, train_batches, health, position): `health` is the checkpoint's
-    record (bert_jax.divergence.Health), with a rewind that checkpoint.restore_step asks for added to its lineage;
-    `position` the input position the checkpoint holds (before any skip; 0 from scratch).
-    """
+def _start_state(run: _Run, checkpointer, train_batches) -> _Start:
+    """The state, RNG and input to start from; see bert_jax/checkpoint.py for the order."""
     data, train, ckpt = run.config.data, run.config.train, run.config.checkpoint
     init_rng = jax.random.split(jax.random.key(train.seed))[0]
     step_rng = dropout_key(train.seed, train.dropout_rng, jax.devices()[0].platform)
@@ -145,7 +153,7 @@ def _start_state(run: _Run, checkpointer, train_batches):
             health.rewinds.append({"step": step, "skip_batches": ckpt.skip_batches, "automatic": False})
         logging.info("resumed from %s at step %d (input position: batch %d)",
                      fileio.join(checkpointer.directory, str(step)), step, train_batches.position)
-        return state, shardings, step_rng, train_batches, health, position
+        return _Start(state, shardings, step_rng, train_batches, health, position)
     state, shardings = create_train_state(run.model, run.tx, run.mesh, run.rules, init_rng, data.max_seq_length,
                                           data.max_predictions_per_seq)
     if run.config.init:
@@ -154,7 +162,7 @@ def _start_state(run: _Run, checkpointer, train_batches):
         logging.info("initialised parameters from %s (--config.init); optimizer and step start afresh", source)
     else:
         logging.info("no checkpoint in %s: starting from scratch (seed %d)", checkpointer.directory, train.seed)
-    return state, shardings, step_rng, train_batches, divergence.Health(), 0
+    return _Start(state, shardings, step_rng, train_batches, divergence.Health(), 0)
 
 
 def _rewind_on_request(checkpointer, step: int, skip_batches: int) -> bool:
@@ -243,147 +251,188 @@ def train_and_evaluate(config, workdir: str) -> TrainResult:
 
     On SIGTERM it saves a checkpoint at the current step and returns early (TrainResult.preempted_at_step).
     """
+    # Model, mesh, optimizer and input.
     run = _build(config, workdir)
     init_architecture.write_run_model_config(workdir, run.model_config)  # what a later --config.init of this run reads
-    data, train = config.data, config.train
-    train_batches = run.make_iterator(split="train", seed=train.seed)
-    flops_per_step = metrics_lib.model_flops_per_sequence(
-        run.model_config, data.max_seq_length, data.max_predictions_per_seq) * train.batch_size
-    peak = metrics_lib.peak_flops_per_device(jax.devices()[0], train.peak_flops_per_device) * jax.device_count()
     checkpointer = _checkpointer(run)
-
     with jax.set_mesh(run.mesh):
-        state, state_shardings, step_rng, train_batches, health, position = _start_state(run, checkpointer,
-                                                                                          train_batches)
-        # Steps after the one resumed from are logged again below: their records from an interrupted run go.
-        writer = metrics_lib.MetricWriter(workdir, resume_step=int(state.step))
-        num_params = sum(x.size for x in jax.tree.leaves(state.params))
+        # State: the workdir's newest checkpoint, else --config.init, else scratch.
+        start = _start_state(run, checkpointer, run.make_iterator(split="train", seed=config.train.seed))
+        num_params = sum(x.size for x in jax.tree.leaves(start.state.params))
         logging.info("model: %s, %s parameters", run.model_config, f"{num_params:,}")
-        batch_sharding = sharding_lib.batch_sharding(run.mesh, run.rules)
-        train_step = jit_train_step(make_train_step(run.model, run.tx, run.schedule, run.rules, run.mesh,
-                                                    config.optim.grad_accum_steps), state_shardings, run.mesh,
-                                    run.rules)
-        eval_step = jit_eval_step(make_eval_step(run.model, run.rules), state_shardings.params, run.mesh, run.rules)
-        if int(state.step) >= train.num_steps:
+        if int(start.state.step) >= config.train.num_steps:
             logging.warning("the checkpoint is already at step %d of train.num_steps=%d: nothing to train (raise "
-                            "--config.train.num_steps to train on)", int(state.step), train.num_steps)
-        preemption = checkpoint_lib.PreemptionWatcher()
-        profiler = _Profiler(workdir, train.profile_start_step, train.profile_steps)
-        monitor = divergence.Monitor(train.spike_factor, train.spike_window, health)
-        checkpointer.protect(monitor.newest_verified(checkpointer.all_steps()))
-        # Checkpoints whose parameters the next step judges: the one resumed from and those saved by this process.
-        unjudged = {int(state.step)} if int(state.step) in checkpointer.all_steps() else set()
-        positions = {int(state.step): position}  # checkpoint step -> the input position it holds
-        fed = {}  # step -> the input position of its batch, for the steps not yet judged
-        last_logged: dict[str, float] = {}
-        preempted_at_step = None
-
-        def consume(step, device_metrics):
-            host = {k: float(v) for k, v in jax.device_get(device_metrics).items()}
-            problem = monitor.problem(host)
-            if problem:
-                raise _Diverged(step, problem, fed.get(step))
-            if step - 1 in unjudged:
-                unjudged.discard(step - 1)
-                monitor.verify(step - 1)
-                checkpointer.protect(step - 1)
-            del host["params_finite"]
-            window.append(host)
-
+                            "--config.train.num_steps to train on)", int(start.state.step), config.train.num_steps)
+        # Steps, and the loop that runs them.
+        loop = _Loop(run, checkpointer, start, workdir)
         try:
-            while True:
-                window: list[dict[str, float]] = []  # host metrics of the steps since the last log line
-                timed_steps, window_start = 0, None
-                pending = None  # (step, device metrics) of the step before the one in flight
-                try:
-                    for step in range(int(state.step) + 1, train.num_steps + 1):
-                        profiler.before_step(step)
-                        fed[step] = train_batches.position
-                        fed.pop(step - 3, None)
-                        batch = sharding_lib.make_global_batch(next(train_batches), batch_sharding)
-                        state, metrics = train_step(state, batch, step_rng)
-                        checkpointer.check()  # a background save that failed stops the run now, not at the next save
-                        profiler.after_step(step, metrics)
-                        # Reading the previous step's metrics keeps one step in flight while still naming a bad step
-                        # exactly.
-                        if pending is not None:
-                            consume(*pending)
-                        pending = (step, metrics)
-                        if window_start is None:  # the first step includes compilation: time from its end
-                            consume(*pending)
-                            pending, window_start = None, time.perf_counter()
-                        else:
-                            timed_steps += 1
-                        stop = preemption.should_stop(step)
-                        save = checkpointer.should_save(step) or step == train.num_steps or stop
-                        scalars = None
-                        if save or step % train.log_every == 0 or stop:
-                            if pending is not None:  # a state is saved only once its loss is known to be healthy
-                                consume(*pending)
-                                pending = None
-                        if step % train.log_every == 0 or step == train.num_steps or stop:
-                            steps_per_second = timed_steps / (time.perf_counter() - window_start) if timed_steps else 0.0
-                            scalars = {k: float(np.mean([m[k] for m in window])) for k in window[0]}
-                            if steps_per_second:
-                                scalars["sequences_per_second"] = steps_per_second * train.batch_size
-                                scalars["tokens_per_second"] = scalars["sequences_per_second"] * data.max_seq_length
-                                if peak:
-                                    scalars["mfu"] = flops_per_step * steps_per_second / peak
-                            if data.eval_input_files and (step % train.eval_every == 0 or step == train.num_steps):
-                                eval_batches = run.make_iterator(split="eval", seed=train.seed)
-                                scalars.update(evaluate(eval_step, state.params, eval_batches, batch_sharding,
-                                                        train.eval_steps))
-                            logging.info("%s", metrics_lib.log_line(step, train.num_steps, scalars, steps_per_second))
-                            writer.write(step, scalars)
-                            last_logged = dict(scalars, step=step)
-                            window, timed_steps, window_start = [], 0, time.perf_counter()
-                        if save:
-                            checkpointer.save(step, state, step_rng, train_batches, metrics=scalars,
-                                              health=monitor.record(checkpointer.all_steps()))  # logs how it saved
-                            unjudged.add(step)
-                            positions[step] = train_batches.position
-                        if stop:
-                            checkpointer.wait()
-                            logging.warning("SIGTERM received: saved a checkpoint at step %d in %s; stopping. Run the "
-                                            "same command again to resume.", step, checkpointer.directory)
-                            preempted_at_step = step
-                            break
-                    break
-                except _Diverged as diverged:
-                    state, step_rng, train_batches, monitor = _rewind_after(
-                        diverged, run, checkpointer, monitor, state, state_shardings, step_rng, train_batches,
-                        positions)
-                    unjudged = {int(state.step)}
-                    writer.close()  # its records after the step rewound to go
-                    writer = metrics_lib.MetricWriter(workdir, resume_step=int(state.step))
+            result = loop.run()
         except BaseException:
             with contextlib.suppress(Exception):  # a save in flight completes before the error is raised
                 checkpointer.close()
             raise
         finally:
-            preemption.close()
+            loop.preemption.close()
         checkpointer.close()
-    writer.close()
-    return TrainResult(last_logged, preempted_at_step)
+    loop.writer.close()
+    return result
 
 
-class _Diverged(Exception):
-    """Raised inside the loop at the first step that diverged; the loop rewinds or stops (_rewind_after)."""
+class _Window:
+    """The host metrics of the steps since the last log line, and their rate. The first step after a (re)start
+    compiles: it is judged at once and the clock starts at its end."""
 
-    def __init__(self, step: int, problem: str, position: int | None):
-        super().__init__(f"step {step} {problem}")
-        self.step = step
-        self.position = position  # the input position of the batch the step was fed
+    def __init__(self):
+        self.metrics: list[dict[str, float]] = []
+        self.timed_steps, self.start = 0, None
 
-    def skip_from(self, step: int, position: int | None) -> int:
-        """Batches to skip after restoring checkpoint `step` (holding input `position`) to be past this one's."""
-        if position is None or self.position is None:
-            return self.step - step  # one batch per step since that checkpoint
-        return self.position + 1 - position
+    def summary(self) -> tuple[dict[str, float], float]:
+        """(the mean of each metric, steps per second: 0.0 when no step was timed)."""
+        steps_per_second = self.timed_steps / (time.perf_counter() - self.start) if self.timed_steps else 0.0
+        return {k: float(np.mean([m[k] for m in self.metrics])) for k in self.metrics[0]}, steps_per_second
+
+    def restart(self) -> None:
+        self.metrics, self.timed_steps, self.start = [], 0, time.perf_counter()
 
 
-def _rewind_after(diverged: _Diverged, run: _Run, checkpointer, monitor, state, state_shardings, rng,
-                  train_batches, positions: dict[int, int]):
+class _Loop:
+    """The training loop: one step in flight, each judged by the next step's metrics read (bert_jax.divergence),
+    log lines with evaluations, checkpoints saved once their loss is known to be healthy, SIGTERM, rewinds."""
+
+    def __init__(self, run: _Run, checkpointer, start: "_Start", workdir: str):
+        config, train = run.config, run.config.train
+        self.run, self.checkpointer, self.workdir = run, checkpointer, workdir
+        self.state, self.rng, self.batches = start.state, start.step_rng, start.batches
+        self.state_shardings = start.shardings
+        self.batch_sharding = sharding_lib.batch_sharding(run.mesh, run.rules)
+        self.train_step = jit_train_step(make_train_step(run.model, run.tx, run.schedule, run.rules, run.mesh,
+                                                         config.optim.grad_accum_steps), start.shardings, run.mesh,
+                                         run.rules)
+        self.eval_step = jit_eval_step(make_eval_step(run.model, run.rules), start.shardings.params, run.mesh,
+                                       run.rules)
+        self.flops_per_step = metrics_lib.model_flops_per_sequence(
+            run.model_config, config.data.max_seq_length, config.data.max_predictions_per_seq) * train.batch_size
+        self.peak = metrics_lib.peak_flops_per_device(jax.devices()[0], train.peak_flops_per_device)
+        self.peak *= jax.device_count()
+        # Steps after the one resumed from are logged again: their records from an interrupted run go.
+        self.writer = metrics_lib.MetricWriter(workdir, resume_step=int(self.state.step))
+        self.preemption = checkpoint_lib.PreemptionWatcher()
+        self.profiler = _Profiler(workdir, train.profile_start_step, train.profile_steps)
+        self.monitor = divergence.Monitor(train.spike_factor, train.spike_window, start.health)
+        checkpointer.protect(self.monitor.newest_verified(checkpointer.all_steps()))
+        # Checkpoints whose parameters the next step judges: the one resumed from and those saved by this process.
+        step = int(self.state.step)
+        self.unjudged = {step} if step in checkpointer.all_steps() else set()
+        self.positions = {step: start.position}  # checkpoint step -> the input position it holds
+        self.fed: dict[int, int] = {}  # step -> the input position of its batch, for the steps not yet judged
+        self.last_logged: dict[str, float] = {}
+
+    def run(self) -> TrainResult:
+        while True:
+            try:
+                return self._train()
+            except divergence.Diverged as diverged:
+                self._rewind(diverged)
+
+    def _train(self) -> TrainResult:
+        train = self.run.config.train
+        window, pending = _Window(), None  # pending: (step, device metrics) of the step before the one in flight
+        for step in range(int(self.state.step) + 1, train.num_steps + 1):
+            metrics = self._step(step)
+            # Reading the previous step's metrics keeps one step in flight while still naming a bad step exactly.
+            if pending is not None:
+                self._judge(*pending, window)
+            pending = (step, metrics)
+            if window.start is None:
+                self._judge(*pending, window)
+                pending = None
+                window.restart()
+            else:
+                window.timed_steps += 1
+            stop = self.preemption.should_stop(step)
+            save = self.checkpointer.should_save(step) or step == train.num_steps or stop
+            log = step % train.log_every == 0 or step == train.num_steps or stop
+            if (save or log) and pending is not None:  # a state is saved only once its loss is known to be healthy
+                self._judge(*pending, window)
+                pending = None
+            scalars = self._log(step, window) if log else None
+            if save:
+                self._save(step, scalars)
+            if stop:
+                self.checkpointer.wait()
+                logging.warning("SIGTERM received: saved a checkpoint at step %d in %s; stopping. Run the same "
+                                "command again to resume.", step, self.checkpointer.directory)
+                return TrainResult(self.last_logged, preempted_at_step=step)
+        return TrainResult(self.last_logged)
+
+    def _step(self, step: int):
+        """Dispatches step `step`; returns its metrics, still on the devices."""
+        self.profiler.before_step(step)
+        self.fed[step] = self.batches.position
+        self.fed.pop(step - 3, None)
+        batch = sharding_lib.make_global_batch(next(self.batches), self.batch_sharding)
+        self.state, metrics = self.train_step(self.state, batch, self.rng)
+        self.checkpointer.check()  # a background save that failed stops the run now, not at the next save
+        self.profiler.after_step(step, metrics)
+        return metrics
+
+    def _judge(self, step: int, device_metrics, window: _Window) -> None:
+        """Raises divergence.Diverged if step `step` diverged; else verifies the checkpoint it started from."""
+        host = {k: float(v) for k, v in jax.device_get(device_metrics).items()}
+        self.monitor.check(step, host)
+        if step - 1 in self.unjudged:
+            self.unjudged.discard(step - 1)
+            self.monitor.verify(step - 1)
+            self.checkpointer.protect(step - 1)
+        del host["params_finite"]
+        window.metrics.append(host)
+
+    def _log(self, step: int, window: _Window) -> dict[str, float]:
+        """The log line of the steps in `window` (plus an evaluation when one is due): logged and written."""
+        config = self.run.config
+        data, train = config.data, config.train
+        scalars, steps_per_second = window.summary()
+        if steps_per_second:
+            scalars["sequences_per_second"] = steps_per_second * train.batch_size
+            scalars["tokens_per_second"] = scalars["sequences_per_second"] * data.max_seq_length
+            if self.peak:
+                scalars["mfu"] = self.flops_per_step * steps_per_second / self.peak
+        if data.eval_input_files and (step % train.eval_every == 0 or step == train.num_steps):
+            eval_batches = self.run.make_iterator(split="eval", seed=train.seed)
+            scalars.update(evaluate(self.eval_step, self.state.params, eval_batches, self.batch_sharding,
+                                    train.eval_steps))
+        logging.info("%s", metrics_lib.log_line(step, train.num_steps, scalars, steps_per_second))
+        self.writer.write(step, scalars)
+        self.last_logged = dict(scalars, step=step)
+        window.restart()  # after the evaluation: it is not training time
+        return scalars
+
+    def _save(self, step: int, scalars: dict[str, float] | None) -> None:
+        self.checkpointer.save(step, self.state, self.rng, self.batches, metrics=scalars,
+                               health=self.monitor.record(self.checkpointer.all_steps()))  # logs how it saved
+        self.unjudged.add(step)
+        self.positions[step] = self.batches.position
+
+    def _rewind(self, diverged: divergence.Diverged) -> None:
+        """Goes on from the newest verified checkpoint past the input that diverged, or raises DivergenceError."""
+        self.state, self.rng, self.batches, self.monitor = _rewind_after(
+            diverged, self.fed.get(diverged.step), self.run, self.checkpointer, self.monitor, self.state,
+            self.state_shardings, self.rng, self.batches, self.positions)
+        self.unjudged = {int(self.state.step)}
+        self.writer.close()  # its records after the step rewound to go
+        self.writer = metrics_lib.MetricWriter(self.workdir, resume_step=int(self.state.step))
+
+
+def _batches_to_skip(diverged_step: int, diverged_position: int | None, step: int, position: int | None) -> int:
+    """Batches to skip after restoring checkpoint `step` (holding input `position`) to be past the batch step
+    `diverged_step` was fed (at input `diverged_position`)."""
+    if position is None or diverged_position is None:
+        return diverged_step - step  # one batch per step since that checkpoint
+    return diverged_position + 1 - position
+
+
+def _rewind_after(diverged: divergence.Diverged, diverged_position: int | None, run: _Run, checkpointer, monitor,
+                  state, state_shardings, rng, train_batches, positions: dict[int, int]):
     """After step S diverged: checkpoint S-1, whose parameters S started from, is set aside as diverged; then,
     while checkpoint.max_rewinds allows, the newest verified checkpoint is restored and
     checkpoint.rewind_skip_batches of input skipped (returns (state, rng, input, monitor) to go on from); otherwise
@@ -416,7 +465,7 @@ def _rewind_after(diverged: _Diverged, run: _Run, checkpointer, monitor, state, 
         step, state, rng, record = restored
         positions[step] = train_batches.position
         # Past the batch that diverged: from the same parameters, with the same dropout, it would diverge again.
-        skip = diverged.skip_from(step, positions[step]) + ckpt.rewind_skip_batches
+        skip = _batches_to_skip(diverged.step, diverged_position, step, positions[step]) + ckpt.rewind_skip_batches
         health = divergence.Health.from_json(record)
         # The lineage this process knows (which may hold rewinds since that checkpoint was saved), plus this one.
         health.rewinds = [*monitor.health.rewinds, {"step": step, "skip_batches": skip, "automatic": True}]
@@ -428,7 +477,7 @@ def _rewind_after(diverged: _Diverged, run: _Run, checkpointer, monitor, state, 
     past = "--config.checkpoint.restore_step=STEP --config.checkpoint.skip_batches=K"
     if verified is not None:
         past = (f"--config.checkpoint.restore_step={verified} --config.checkpoint.skip_batches="
-                f"{diverged.skip_from(verified, positions.get(verified))}")
+                f"{_batches_to_skip(diverged.step, diverged_position, verified, positions.get(verified))}")
     fix = "with a lower --config.optim.learning_rate (or stronger clipping, --config.optim.max_grad_norm)"
     if existing:
         fix += f", or past the data that diverged ({past}; or automatically: --config.checkpoint.max_rewinds=N)"

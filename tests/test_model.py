@@ -9,7 +9,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import job_config
 from bert_jax import metrics as metrics_lib
 from bert_jax import model as model_lib
 from configs import pretrain
@@ -228,27 +227,6 @@ def test_bfloat16_compute_keeps_float32_parameters():
     _, model32, _, _, _, _ = _small_model()
     reference = model32.apply(params, ids, np.ones_like(ids), segments, positions)["mlm_logits"]
     np.testing.assert_allclose(outputs["mlm_logits"], reference, atol=0.1)
-
-
-@pytest.mark.parametrize("field, value, message", [
-    ("num_heads", 5, "must divide hidden_size"),
-    ("hidden_act", "relu", "choose one of"),
-    ("dtype", "float16", "choose one of"),
-    ("dropout_rate", 1.5, "must be in"),
-])
-def test_bad_model_config_names_the_field(field, value, message):
-    config = pretrain.get_config("size=tiny")
-    config.model[field] = value
-    with pytest.raises(ValueError, match=f"^--config.model.{field}.*{message}"):
-        job_config.model_config(config.model)
-    with pytest.raises(ValueError, match=f"^{field}=.*{message}"):  # the model alone names its own field
-        model_lib.BertConfig.from_config(config.model)
-
-
-def test_unknown_model_config_fields_are_refused():
-    values = pretrain.get_config("size=tiny").model.to_dict()
-    with pytest.raises(ValueError, match=r"^--config.model: unknown fields \['matmul'\]"):
-        job_config.model_config({**values, "matmul": "auto"})
 
 
 def test_model_flops_formula_for_base():

@@ -258,6 +258,30 @@ def compile_train_step(config, topology: str, num_slices: int = 1):
                      {name: jax.ShapeDtypeStruct(value.shape, value.dtype, sharding=batch_sharding)
                       for name, value in batch.items()},
                      jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=replicated))
+    compiled, out_of_memory, lower_seconds, compile_seconds = _lower_and_compile(step, abstract_args, mesh)
+    rows, seq_length = batch["input_ids"].shape
+    predictions = batch["masked_lm_positions"].shape[1]
+    model_flops = metrics_lib.model_flops_per_sequence(model_config, seq_length, predictions) * rows
+    executed_flops = metrics_lib.step_matmul_flops_per_sequence(
+        model_config, seq_length, predictions, metrics_lib.head_cls_rows(batch.get("nsp_positions"))) * rows
+    common = dict(
+        topology=topology if num_slices == 1 else f"{num_slices} x {topology}", device_kind=devices[0].device_kind,
+        num_chips=len(devices), num_hosts=num_hosts,
+        mesh=dict(mesh.shape), batch_size=rows, seq_length=seq_length, dtype=model_config.dtype,
+        num_params=sum(int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(abstract_state.params)),
+        model_flops_per_device=model_flops / len(devices),
+        executed_flops_per_device=executed_flops / len(devices), hbm_bytes=HBM_GIB_PER_CHIP[chip] * GIB,
+        lower_seconds=lower_seconds, compile_seconds=compile_seconds)
+    if compiled is None:
+        return None, AotReport(**common, argument_bytes=0, output_bytes=0, alias_bytes=0, temp_bytes=0,
+                               generated_code_bytes=0, xla_peak_bytes=0, flops_per_device=0.0, while_loops=0,
+                               out_of_memory=out_of_memory)
+    return compiled, _compiled_report(compiled, common, num_slices)
+
+
+def _lower_and_compile(step, abstract_args, mesh):
+    """(compiled step or None when it cannot fit, XLA's out-of-memory message or None, lower s, compile s)."""
+    out_of_memory = None
     # jax.set_mesh, not `with mesh:`, or flax's logical activation constraints silently do nothing. Traced for the
     # TPU, so that model.attention=auto/pallas compiles the Pallas splash kernel as the TPU run itself would.
     with jax.set_mesh(mesh), model_lib.compiling_for("tpu"):
@@ -271,27 +295,16 @@ def compile_train_step(config, topology: str, num_slices: int = 1):
                 raise
             compiled, out_of_memory = None, str(error).split("\n", 1)[0]
         compiled_at = time.perf_counter()
-    rows, seq_length = batch["input_ids"].shape
-    predictions = batch["masked_lm_positions"].shape[1]
-    model_flops = metrics_lib.model_flops_per_sequence(model_config, seq_length, predictions) * rows
-    executed_flops = metrics_lib.step_matmul_flops_per_sequence(
-        model_config, seq_length, predictions, metrics_lib.head_cls_rows(batch.get("nsp_positions"))) * rows
-    common = dict(
-        topology=topology if num_slices == 1 else f"{num_slices} x {topology}", device_kind=devices[0].device_kind,
-        num_chips=len(devices), num_hosts=num_hosts,
-        mesh=dict(mesh.shape), batch_size=rows, seq_length=seq_length, dtype=model_config.dtype,
-        num_params=sum(int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(abstract_state.params)),
-        model_flops_per_device=model_flops / len(devices),
-        executed_flops_per_device=executed_flops / len(devices), hbm_bytes=HBM_GIB_PER_CHIP[chip] * GIB,
-        lower_seconds=lowered_at - start, compile_seconds=compiled_at - lowered_at)
-    if compiled is None:
-        return None, AotReport(**common, argument_bytes=0, output_bytes=0, alias_bytes=0, temp_bytes=0,
-                               generated_code_bytes=0, xla_peak_bytes=0, flops_per_device=0.0, while_loops=0,
-                               out_of_memory=out_of_memory)
+    return compiled, out_of_memory, lowered_at - start, compiled_at - lowered_at
+
+
+def _compiled_report(compiled, common: dict, num_slices: int) -> AotReport:
+    """The report of a step that compiled: `common`'s fields plus XLA's memory and cost analyses and the HLO's
+    loops and collectives."""
     memory = compiled.memory_analysis()
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-    report = AotReport(
+    return AotReport(
         **common, argument_bytes=memory.argument_size_in_bytes, output_bytes=memory.output_size_in_bytes,
         alias_bytes=memory.alias_size_in_bytes, temp_bytes=memory.temp_size_in_bytes,
         generated_code_bytes=memory.generated_code_size_in_bytes,
@@ -300,7 +313,6 @@ def compile_train_step(config, topology: str, num_slices: int = 1):
         optimal_seconds=float(cost.get("optimal_seconds", 0.0)),
         while_loops=len(re.findall(r"\bwhile\(", hlo_text := compiled.as_text())),
         dcn_bytes=dcn_transfers(hlo_text) if num_slices > 1 else {}, collective_bytes=collective_bytes(hlo_text))
-    return compiled, report
 
 
 def _gib(value: int) -> str:

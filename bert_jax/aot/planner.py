@@ -313,136 +313,181 @@ def search(config, candidate: Candidate, topology: str, num_slices: int, cache: 
     0 leaves the batch free. A model deeper than PROBE_DEPTHS is compiled only at those depths, and its figures
     extrapolated to its own (the row is then not `confirmed`: see `confirm`). `compile_at(rows, accum_steps,
     depth)` replaces compiling (tests; depth 0 is the model's own), `num_layers` the config's depth."""
-    chip = chip_of(topology)
-    budget = hbm_bytes or chip.hbm_bytes
-    num_layers = num_layers or config.model.num_layers
-    compiled: dict[tuple[int, int, int], aot.AotReport] = {}
+    searcher = _BatchSearch(config, candidate, topology, num_slices, cache, headroom, hbm_bytes, log, resolution,
+                            saturation, target_rows, compile_at, num_layers)
+    searcher.probe()
+    searcher.climb()
+    searcher.check_smallest()
+    return searcher.plan_row()
 
-    def compile_once(rows: int, accum: int = 1, depth: int = 0) -> aot.AotReport:
-        if (rows, accum, depth) not in compiled:
-            compiled[rows, accum, depth] = _compile(config, candidate, topology, num_slices, cache, rows, accum, depth,
-                                                    compile_at)
-            _log_compile(log, candidate, rows, accum, depth, compiled[rows, accum, depth], headroom, budget)
-        return compiled[rows, accum, depth]
 
-    def at_most(rows: float) -> int:
-        return _at_most(rows, target_rows)
+class _BatchSearch:
+    """search's state, threaded through its steps: every report measured so far, by batch, and the bracket
+    [low fits, high does not] the search narrows."""
 
-    def above(rows: int) -> int | None:
-        limit = target_rows or MAX_ROWS_PER_SHARD
-        return next((d for d in range(rows + 1, limit + 1) if not target_rows or target_rows % d == 0), None)
+    def __init__(self, config, candidate: Candidate, topology: str, num_slices: int, cache: ReportCache,
+                 headroom: float, hbm_bytes: int, log: Callable[[str], None], resolution: float, saturation: float,
+                 target_rows: int, compile_at: Callable[[int, int, int], aot.AotReport] | None, num_layers: int):
+        self.config, self.candidate, self.topology, self.num_slices = config, candidate, topology, num_slices
+        self.cache, self.headroom, self.log, self.compile_at = cache, headroom, log, compile_at
+        self.resolution, self.saturation, self.target_rows = resolution, saturation, target_rows
+        self.chip = chip_of(topology)
+        self.budget = hbm_bytes or self.chip.hbm_bytes
+        self.num_layers = num_layers or config.model.num_layers
+        self.compiled: dict[tuple[int, int, int], aot.AotReport] = {}
 
-    probes = sorted({at_most(PROBE_ROWS[0]), at_most(PROBE_ROWS[1])})
-    # The compiles every figure below is extrapolated from: two batches, at two shallow depths for a deep model.
-    depths = PROBE_DEPTHS if num_layers > PROBE_DEPTHS[-1] else (0,)
-    shallow = None
-    if len(probes) == 2:
-        shallow = {(rows, depth): compile_once(rows, 1, depth) for depth in depths for rows in probes}
-        if any(report.out_of_memory for report in shallow.values()):
-            shallow = None  # XLA refused one: no line to follow; compile at the model's own depth instead
+        self.probes = sorted({self.at_most(PROBE_ROWS[0]), self.at_most(PROBE_ROWS[1])})
+        # The compiles every figure below is extrapolated from: two batches, at two shallow depths for a deep model.
+        self.depths = PROBE_DEPTHS if self.num_layers > PROBE_DEPTHS[-1] else (0,)
+        self.shallow = None
+        if len(self.probes) == 2:
+            self.shallow = {(rows, depth): self.compile_once(rows, 1, depth)
+                            for depth in self.depths for rows in self.probes}
+            if any(report.out_of_memory for report in self.shallow.values()):
+                self.shallow = None  # XLA refused one: no line to follow; compile at the model's own depth instead
 
-    real: set[int] = set()  # batches whose report is a compile of the step as it is (not extrapolated)
+        self.real: set[int] = set()  # batches whose report is a compile of the step as it is (not extrapolated)
+        self.low, self.high, self.reports, self.last = 0, None, {}, 0
+        self.goal, self.limit = self.at_most(MAX_ROWS_PER_SHARD), "target" if target_rows else "cap"
+        self.slope_s = self.fixed = 0.0
 
-    def measure(rows: int) -> tuple[bool, aot.AotReport]:
-        if shallow is None or (depths == (0,) and rows in probes):
-            report = compile_once(rows)
-            real.add(rows)
+    def compile_once(self, rows: int, accum: int = 1, depth: int = 0) -> aot.AotReport:
+        if (rows, accum, depth) not in self.compiled:
+            self.compiled[rows, accum, depth] = _compile(self.config, self.candidate, self.topology, self.num_slices,
+                                                         self.cache, rows, accum, depth, self.compile_at)
+            _log_compile(self.log, self.candidate, rows, accum, depth, self.compiled[rows, accum, depth],
+                         self.headroom, self.budget)
+        return self.compiled[rows, accum, depth]
+
+    def at_most(self, rows: float) -> int:
+        return _at_most(rows, self.target_rows)
+
+    def above(self, rows: int) -> int | None:
+        limit = self.target_rows or MAX_ROWS_PER_SHARD
+        return next((d for d in range(rows + 1, limit + 1) if not self.target_rows or self.target_rows % d == 0),
+                    None)
+
+    def fits(self, report: aot.AotReport) -> bool:
+        return fits_with_headroom(report, self.headroom, self.budget)
+
+    def measure(self, rows: int) -> tuple[bool, aot.AotReport]:
+        if self.shallow is None or (self.depths == (0,) and rows in self.probes):
+            report = self.compile_once(rows)
+            self.real.add(rows)
         else:
-            report = extrapolate(shallow, probes, depths, rows, num_layers)
-        return fits_with_headroom(report, headroom, budget), report
+            report = extrapolate(self.shallow, self.probes, self.depths, rows, self.num_layers)
+        return self.fits(report), report
 
-    def compiled_at(rows: int) -> bool:
-        return rows in real
+    def compiled_at(self, rows: int) -> bool:
+        return rows in self.real
 
-    # Two small batches: the lines for memory and step time.
-    low, high, reports, last = 0, None, {}, 0
-    for rows in probes:
-        ok, report = measure(rows)
-        reports[rows] = report
-        if not ok:
-            high = rows
-            break
-        low = rows
-    goal, limit = at_most(MAX_ROWS_PER_SHARD), "target" if target_rows else "cap"
-    slope_s = fixed = 0.0
-    if low and high is None and len(probes) == 2:
-        fixed = fixed_traffic(probes[0], reports[probes[0]], probes[1], reports[probes[1]])
-        seconds = [predict(reports[rows], chip, fixed).seconds for rows in probes]
-        intercept_s, slope_s = _line(probes[0], seconds[0], probes[1], seconds[1])
-        if not target_rows:
-            enough = saturation_rows(intercept_s, slope_s, saturation)
-            if enough < goal:
-                goal, limit = at_most(max(enough, probes[1])), "throughput"
-    # Towards the goal along the memory line; between a fit and a misfit, by the line through them, else halves.
-    while True:
-        if high is None and low >= goal:
-            break
-        if high is not None and (high - low <= max(1, math.floor(low * resolution)) or above(low) in (None, high)):
-            limit = "memory"
-            break
-        fitting = sorted(rows for rows in reports if fits_with_headroom(reports[rows], headroom, budget))
+    def probe(self) -> None:
+        """Two small batches: the lines for memory and step time."""
+        probes, reports = self.probes, self.reports
+        for rows in probes:
+            ok, report = self.measure(rows)
+            reports[rows] = report
+            if not ok:
+                self.high = rows
+                break
+            self.low = rows
+        if self.low and self.high is None and len(probes) == 2:
+            self.fixed = fixed_traffic(probes[0], reports[probes[0]], probes[1], reports[probes[1]])
+            seconds = [predict(reports[rows], self.chip, self.fixed).seconds for rows in probes]
+            intercept_s, self.slope_s = _line(probes[0], seconds[0], probes[1], seconds[1])
+            if not self.target_rows:
+                enough = saturation_rows(intercept_s, self.slope_s, self.saturation)
+                if enough < self.goal:
+                    self.goal, self.limit = self.at_most(max(enough, probes[1])), "throughput"
+
+    def climb(self) -> None:
+        """Towards the goal along the memory line; between a fit and a misfit, by the line through them, else
+        halves."""
+        while (rows := self._next_rows()) is not None:
+            ok, report = self.measure(rows)
+            self.reports[rows], self.last = report, rows
+            if ok:
+                self.low = rows
+            else:
+                self.high = rows
+
+    def _next_rows(self) -> int | None:
+        """The next batch to measure; None when the search is over (self.limit "memory" where memory ended it)."""
+        low, high = self.low, self.high
+        if high is None and low >= self.goal:
+            return None
+        if high is not None and (high - low <= max(1, math.floor(low * self.resolution))
+                                 or self.above(low) in (None, high)):
+            self.limit = "memory"
+            return None
+        rows = self.at_most(self._guess())
+        if rows <= low:
+            rows = self.above(low)
+            if rows is None:
+                return None
+        if high is not None and rows >= high:
+            rows = self.at_most((low + high) // 2)
+            if rows <= low:
+                self.limit = "memory"
+                return None
+        return rows
+
+    def _guess(self) -> float:
+        low, high, reports, goal = self.low, self.high, self.reports, self.goal
+        usable = self.budget * (1 - self.headroom)
+        fitting = sorted(rows for rows in reports if self.fits(reports[rows]))
         if high is not None and low:
-            step = max(1, math.floor(low * resolution))
-            if last == low and low + step < high:
+            step = max(1, math.floor(low * self.resolution))
+            if self.last == low and low + step < high:
                 # A line through a fit and a misfit undershoots a convex memory curve: the next fit it predicts
                 # creeps up one row at a time. One step of the resolution past a fit ends the search instead.
-                guess = low + step
-            else:
-                guess = _memory_guess(low, reports[low], high, reports[high], budget * (1 - headroom))
-                guess = guess if low < guess < high else (low + high) // 2
-        elif high is not None:
-            guess = high // 2
-        elif len(fitting) >= 2:
-            guess = _memory_guess(fitting[-2], reports[fitting[-2]], fitting[-1], reports[fitting[-1]],
-                                  budget * (1 - headroom))
+                return low + step
+            guess = _memory_guess(low, reports[low], high, reports[high], usable)
+            return guess if low < guess < high else (low + high) // 2
+        if high is not None:
+            return high // 2
+        if len(fitting) >= 2:
+            guess = _memory_guess(fitting[-2], reports[fitting[-2]], fitting[-1], reports[fitting[-1]], usable)
             # The line is a prediction: step past the last fit at least by the resolution, so that a line that
             # undershoots still ends the search; never beyond the goal.
-            guess = max(guess, low + max(1, math.floor(low * resolution)))
-            guess = min(guess, goal)
-        else:
-            guess = min(low * 2, goal)
-        rows = at_most(guess)
-        if rows <= low:
-            rows = above(low)
-            if rows is None:
-                break
-        if high is not None and rows >= high:
-            rows = at_most((low + high) // 2)
-            if rows <= low:
-                limit = "memory"
-                break
-        ok, report = measure(rows)
-        reports[rows], last = report, rows
-        if ok:
-            low = rows
-        else:
-            high = rows
-    if low == 0 and high is not None and not compiled_at(high):
-        # Nothing fits by the lines: a compile at the smallest batch says so for certain (or finds that it fits).
-        reports[high] = compile_once(high)
-        real.add(high)
-        if fits_with_headroom(reports[high], headroom, budget):
-            low, high = high, None
-    not_fitting = reports.get(high) if high is not None else None
-    bytes_per_row = 0.0
-    if len(probes) == 2 and probes[-1] in reports:
-        bytes_per_row = _line(probes[0], reports[probes[0]].needed_bytes, probes[1], reports[probes[1]].needed_bytes)[1]
-    if low == 0:
-        return PlanRow(candidate, 0, not_fitting, not_fitting, len(compiled), limit="memory",
-                       confirmed=high is None or compiled_at(high))
-    accum = target_rows // low if target_rows else 1
-    report = reports[low]
-    confirmed = compiled_at(low) and accum == 1
-    if accum > 1 and shallow is None:  # the memory of the real accumulating step; its time is accum micro-steps'
-        accumulated = compile_once(low, accum)
-        if not fits_with_headroom(accumulated, headroom, budget):
-            return PlanRow(candidate, 0, accumulated, accumulated, len(compiled), limit="memory")
-        confirmed = True
-    estimate = predict(report, chip, fixed)
-    return PlanRow(candidate, low, report, not_fitting, len(compiled), accum_steps=accum, limit=limit,
-                   seconds=estimate.seconds * accum, bound=estimate.bound,
-                   ceiling_rows_per_s=1 / slope_s if slope_s > 0 else 0.0, confirmed=confirmed,
-                   fixed_bytes=fixed, bytes_per_row=bytes_per_row, target_rows=target_rows)
+            guess = max(guess, low + max(1, math.floor(low * self.resolution)))
+            return min(guess, goal)
+        return min(low * 2, goal)
+
+    def check_smallest(self) -> None:
+        if self.low == 0 and self.high is not None and not self.compiled_at(self.high):
+            # Nothing fits by the lines: a compile at the smallest batch says so for certain (or finds that it fits).
+            high = self.high
+            self.reports[high] = self.compile_once(high)
+            self.real.add(high)
+            if self.fits(self.reports[high]):
+                self.low, self.high = high, None
+
+    def plan_row(self) -> PlanRow:
+        candidate, compiled, probes, reports = self.candidate, self.compiled, self.probes, self.reports
+        low, high, target_rows = self.low, self.high, self.target_rows
+        not_fitting = reports.get(high) if high is not None else None
+        bytes_per_row = 0.0
+        if len(probes) == 2 and probes[-1] in reports:
+            bytes_per_row = _line(probes[0], reports[probes[0]].needed_bytes,
+                                  probes[1], reports[probes[1]].needed_bytes)[1]
+        if low == 0:
+            return PlanRow(candidate, 0, not_fitting, not_fitting, len(compiled), limit="memory",
+                           confirmed=high is None or self.compiled_at(high))
+        accum = target_rows // low if target_rows else 1
+        report = reports[low]
+        confirmed = self.compiled_at(low) and accum == 1
+        # The memory of the real accumulating step; its time is accum micro-steps'.
+        if accum > 1 and self.shallow is None:
+            accumulated = self.compile_once(low, accum)
+            if not self.fits(accumulated):
+                return PlanRow(candidate, 0, accumulated, accumulated, len(compiled), limit="memory")
+            confirmed = True
+        estimate = predict(report, self.chip, self.fixed)
+        return PlanRow(candidate, low, report, not_fitting, len(compiled), accum_steps=accum, limit=self.limit,
+                       seconds=estimate.seconds * accum, bound=estimate.bound,
+                       ceiling_rows_per_s=1 / self.slope_s if self.slope_s > 0 else 0.0, confirmed=confirmed,
+                       fixed_bytes=self.fixed, bytes_per_row=bytes_per_row, target_rows=target_rows)
 
 
 def _at_most(rows: float, target_rows: int = 0) -> int:

@@ -58,58 +58,76 @@ def measure(size: str, directory: str, time_step: bool) -> dict[str, float]:
                                                     data.max_predictions_per_seq)
         replicated = NamedSharding(mesh, PartitionSpec())
         batch_sharding = sharding_lib.batch_sharding(mesh, rules)
-        step_times = []
         if time_step:
             step = train.jit_train_step(train.make_train_step(model, tx, schedule, rules, mesh), shardings, mesh,
                                         rules)
-            for index in range(4):
-                start = time.perf_counter()
-                state, metrics = step(state, sharding_lib.make_global_batch(next(batches), batch_sharding),
-                                      jax.random.key(1))
-                jax.block_until_ready(metrics)
-                if index:  # the first includes compilation
-                    step_times.append(time.perf_counter() - start)
-            result["step_s"] = statistics.median(step_times)
+            state, result["step_s"] = _time_steps(step, state, batches, batch_sharding)
         else:
-            # Optimizer moments of a trained run, not the zeros of a fresh one (zstd shrinks zeros to nothing).
-            def update(state):
-                leaves, treedef = jax.tree.flatten(state.params)
-                keys = jax.random.split(jax.random.key(2), len(leaves))
-                grads = jax.tree.unflatten(treedef, [1e-3 * jax.random.normal(key, x.shape, x.dtype)
-                                                     for key, x in zip(keys, leaves)])
-                updates, opt_state = tx.update(grads, state.opt_state, state.params)
-                return state.replace(step=state.step + 1, opt_state=opt_state,
-                                     params=jax.tree.map(lambda p, u: p + u, state.params, updates))
-            state = jax.jit(update, out_shardings=shardings, donate_argnums=0)(state)
+            state = _with_trained_moments(state, tx, shardings)
         jax.block_until_ready(state)
         result["parameters"] = sum(x.size for x in jax.tree.leaves(state.params))
         abstract, abstract_shardings, _ = train.abstract_train_state(model, tx, mesh, rules, data.max_seq_length,
                                                                      data.max_predictions_per_seq)
-        # Saves and restores with and without the integrity checks, interleaved so that both see the same machine.
-        blocked, written, restore = {False: [], True: []}, {False: [], True: []}, {False: [], True: []}
-        for save in range(FLAGS.saves):
-            for checksums in (False, True):
-                subdirectory = os.path.join(directory, f"checksums_{checksums}")
-                checkpointer = checkpoint_lib.Checkpointer(subdirectory, every_steps=1, max_to_keep=1,
-                                                           checksums=checksums)
-                blocked[checksums].append(checkpointer.save(save + 1, state, jax.random.key(1), batches))
-                start = time.perf_counter()
-                checkpointer.wait()
-                written[checksums].append(time.perf_counter() - start + blocked[checksums][-1])
-                checkpointer.close()
-                checkpointer = checkpoint_lib.Checkpointer(subdirectory, every_steps=1, max_to_keep=1,
-                                                           checksums=checksums)
-                start = time.perf_counter()
-                _, restored, _, _ = checkpointer.restore_latest(abstract, abstract_shardings, replicated, batches)
-                jax.block_until_ready(restored)
-                restore[checksums].append(time.perf_counter() - start)
-                checkpointer.close()
-                del restored
-        for checksums, suffix in ((True, ""), (False, "_unchecked")):
-            result["save_blocking_s" + suffix] = statistics.median(blocked[checksums])
-            result["save_total_s" + suffix] = statistics.median(written[checksums])
-            result["restore_s" + suffix] = statistics.median(restore[checksums])
+        result.update(_time_saves_and_restores(state, directory, batches, abstract, abstract_shardings, replicated))
         result["size_bytes"] = _disk_bytes(os.path.join(directory, "checksums_True", str(FLAGS.saves)))
+    return result
+
+
+def _time_steps(step, state, batches, batch_sharding):
+    """(the state after four steps, the median time of the last three)."""
+    step_times = []
+    for index in range(4):
+        start = time.perf_counter()
+        state, metrics = step(state, sharding_lib.make_global_batch(next(batches), batch_sharding),
+                              jax.random.key(1))
+        jax.block_until_ready(metrics)
+        if index:  # the first includes compilation
+            step_times.append(time.perf_counter() - start)
+    return state, statistics.median(step_times)
+
+
+def _with_trained_moments(state, tx, shardings):
+    """`state` after one update with small random gradients."""
+    # Optimizer moments of a trained run, not the zeros of a fresh one (zstd shrinks zeros to nothing).
+    def update(state):
+        leaves, treedef = jax.tree.flatten(state.params)
+        keys = jax.random.split(jax.random.key(2), len(leaves))
+        grads = jax.tree.unflatten(treedef, [1e-3 * jax.random.normal(key, x.shape, x.dtype)
+                                             for key, x in zip(keys, leaves)])
+        updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        return state.replace(step=state.step + 1, opt_state=opt_state,
+                             params=jax.tree.map(lambda p, u: p + u, state.params, updates))
+    return jax.jit(update, out_shardings=shardings, donate_argnums=0)(state)
+
+
+def _time_saves_and_restores(state, directory: str, batches, abstract, abstract_shardings,
+                             replicated) -> dict[str, float]:
+    """Median save (blocking and total) and restore times, with the integrity checks and ("_unchecked") without."""
+    # Saves and restores with and without the integrity checks, interleaved so that both see the same machine.
+    blocked, written, restore = {False: [], True: []}, {False: [], True: []}, {False: [], True: []}
+    for save in range(FLAGS.saves):
+        for checksums in (False, True):
+            subdirectory = os.path.join(directory, f"checksums_{checksums}")
+            checkpointer = checkpoint_lib.Checkpointer(subdirectory, every_steps=1, max_to_keep=1,
+                                                       checksums=checksums)
+            blocked[checksums].append(checkpointer.save(save + 1, state, jax.random.key(1), batches))
+            start = time.perf_counter()
+            checkpointer.wait()
+            written[checksums].append(time.perf_counter() - start + blocked[checksums][-1])
+            checkpointer.close()
+            checkpointer = checkpoint_lib.Checkpointer(subdirectory, every_steps=1, max_to_keep=1,
+                                                       checksums=checksums)
+            start = time.perf_counter()
+            _, restored, _, _ = checkpointer.restore_latest(abstract, abstract_shardings, replicated, batches)
+            jax.block_until_ready(restored)
+            restore[checksums].append(time.perf_counter() - start)
+            checkpointer.close()
+            del restored
+    result = {}
+    for checksums, suffix in ((True, ""), (False, "_unchecked")):
+        result["save_blocking_s" + suffix] = statistics.median(blocked[checksums])
+        result["save_total_s" + suffix] = statistics.median(written[checksums])
+        result["restore_s" + suffix] = statistics.median(restore[checksums])
     return result
 
 

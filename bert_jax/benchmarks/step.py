@@ -323,15 +323,7 @@ def run(sizes, seq_length: int, batch_size: int, max_predictions: int = 0, dtype
     max_predictions = max_predictions or max(1, round(0.15 * seq_length))
     cores = schedulable_cores()
     threads = threads or cores
-    # Only looked for where it could run: a JAX-only accelerator image need not have torch at all.
-    missing_torch = (torch_reference.unavailable_reason() if device.platform == "cpu" and compare_torch is not False
-                     else "")
-    if compare_torch is None:
-        compare_torch = device.platform == "cpu" and not missing_torch
-    elif compare_torch and missing_torch:
-        raise RuntimeError(f"--compare_torch needs torch and transformers: {missing_torch}")
-    if compare_torch and device.platform != "cpu":
-        raise RuntimeError(f"--compare_torch times torch on the CPU; this run's platform is {device.platform}")
+    compare_torch, missing_torch = _torch_comparison(compare_torch, device.platform)
 
     matmul_size = matmul_size or (2048 if device.platform == "cpu" else 8192)
     # Fake CPU devices share the host's cores (and one thread pool), so the host's ceiling is not multiplied.
@@ -341,6 +333,44 @@ def run(sizes, seq_length: int, batch_size: int, max_predictions: int = 0, dtype
     # moment's slowdown during one measurement would otherwise lower the ceiling and overstate the MFU.
     before = matmul_ceiling(matmul_size, jnp.dtype(dtype)) * parallel
     peak = metrics_lib.peak_flops_per_device(device) * len(devices)
+    _print_setup(print_fn, devices, dropout_rng, cores, threads, compare_torch)
+    results = []
+    for size in sizes:
+        results.append(benchmark_step(size, seq_length, batch_size, max_predictions, dtype_name, steps, warmup,
+                                      devices, matmuls != "off", before / parallel, dropout_rng))
+        # Printed as each preset finishes: the table waits for the second ceiling measurement, and a later preset
+        # that fails (out of memory, say) must not take this one's figures with it.
+        print_fn(spread(f"{size} (jax)", results[-1]["step_times"]))
+    after = matmul_ceiling(matmul_size, jnp.dtype(dtype)) * parallel
+    _print_ceiling(print_fn, results, dtype_name, matmul_size, parallel, before, after, peak, max_predictions)
+    _step_table(print_fn, results, before, after, peak, matmuls)
+
+    if not compare_torch:
+        if missing_torch and device.platform == "cpu":
+            print_fn(f"torch comparison skipped: {missing_torch}")
+        return results
+    # After every JAX measurement, so torch's threads never compete with XLA's.
+    _time_torch(results, steps, warmup, threads)
+    _print_torch_tables(print_fn, results, dtype_name)
+    return results
+
+
+def _torch_comparison(compare_torch: bool | None, platform: str) -> tuple[bool, str]:
+    """(whether to time torch too, why torch cannot run: "" where it can or was not looked for)."""
+    # Only looked for where it could run: a JAX-only accelerator image need not have torch at all.
+    missing_torch = (torch_reference.unavailable_reason() if platform == "cpu" and compare_torch is not False
+                     else "")
+    if compare_torch is None:
+        compare_torch = platform == "cpu" and not missing_torch
+    elif compare_torch and missing_torch:
+        raise RuntimeError(f"--compare_torch needs torch and transformers: {missing_torch}")
+    if compare_torch and platform != "cpu":
+        raise RuntimeError(f"--compare_torch times torch on the CPU; this run's platform is {platform}")
+    return compare_torch, missing_torch
+
+
+def _print_setup(print_fn, devices, dropout_rng: str, cores: int, threads: int, compare_torch: bool) -> None:
+    device = devices[0]
     print_fn(f"devices: {len(devices)} x {device.device_kind} ({device.platform}), jax {jax.__version__}; dropout "
              f"RNG {runtime.dropout_rng_name(dropout_rng, device.platform)}")
     if device.platform == "cpu":
@@ -350,14 +380,10 @@ def run(sizes, seq_length: int, batch_size: int, max_predictions: int = 0, dtype
         # The driver's CPU runs re-execute themselves with its allocator settings (bert_jax.runtime.CPU_GLIBC_TUNABLES);
         # this process has what it was started with.
         print_fn(f"GLIBC_TUNABLES: {os.environ.get('GLIBC_TUNABLES', '(unset: glibc defaults)')}")
-    results = []
-    for size in sizes:
-        results.append(benchmark_step(size, seq_length, batch_size, max_predictions, dtype_name, steps, warmup,
-                                      devices, matmuls != "off", before / parallel, dropout_rng))
-        # Printed as each preset finishes: the table waits for the second ceiling measurement, and a later preset
-        # that fails (out of memory, say) must not take this one's figures with it.
-        print_fn(spread(f"{size} (jax)", results[-1]["step_times"]))
-    after = matmul_ceiling(matmul_size, jnp.dtype(dtype)) * parallel
+
+
+def _print_ceiling(print_fn, results, dtype_name: str, matmul_size: int, parallel: int, before: float, after: float,
+                   peak: float, max_predictions: int) -> None:
     ceiling = max(before, after)
     print_fn(f"measured {dtype_name} matmul ceiling ({matmul_size}^3{f', x{parallel} devices' if parallel > 1 else ''}"
              f"): {ceiling / 1e12:.3f} TFLOP/s, the higher of a measurement before the steps, {before / 1e12:.3f}, "
@@ -368,6 +394,11 @@ def run(sizes, seq_length: int, batch_size: int, max_predictions: int = 0, dtype
              "ceiling. The step executes fewer matmul FLOPs, the last layer computing only the [CLS] and masked "
              "rows the heads read: "
              + ", ".join(f"{result['size']} {result['executed_flops_per_step'] / 1e9:.1f} GFLOP" for result in results))
+
+
+def _step_table(print_fn, results, before: float, after: float, peak: float, matmuls: str) -> None:
+    """Adds the ceiling and MFU fields to every result and prints the step table and the matmul bounds."""
+    ceiling = max(before, after)
     print_fn(_row(STEP_COLUMNS, _widths(STEP_COLUMNS)))
     for result in results:
         result["ceiling_flops_per_s"] = ceiling
@@ -383,11 +414,9 @@ def run(sizes, seq_length: int, batch_size: int, max_predictions: int = 0, dtype
         for line in matmul_bound_lines(results, ceiling, shapes=matmuls == "shapes"):
             print_fn(line)
 
-    if not compare_torch:
-        if missing_torch and device.platform == "cpu":
-            print_fn(f"torch comparison skipped: {missing_torch}")
-        return results
-    # After every JAX measurement, so torch's threads never compete with XLA's.
+
+def _time_torch(results, steps: int, warmup: int, threads: int) -> None:
+    """Times HuggingFace's model, stock and with the head gathered, on each result's batch; adds the figures."""
     for result in results:
         stock = torch_reference.benchmark_step(result["model_config"], result["batch"], steps, warmup, threads, False)
         gathered = torch_reference.benchmark_step(result["model_config"], result["batch"], steps, warmup, threads, True)
@@ -398,6 +427,9 @@ def run(sizes, seq_length: int, batch_size: int, max_predictions: int = 0, dtype
                       speedup_vs_gathered=gathered["step_s"] / result["step_s"],
                       torch_attention=stock["attention"], torch_version=stock["torch_version"],
                       transformers_version=stock["transformers_version"])
+
+
+def _print_torch_tables(print_fn, results, dtype_name: str) -> None:
     first = results[0]
     print_fn(f"HuggingFace BertForPreTraining, torch {first['torch_version']}, transformers "
              f"{first['transformers_version']}, attention {first['torch_attention']}, "
@@ -412,7 +444,6 @@ def run(sizes, seq_length: int, batch_size: int, max_predictions: int = 0, dtype
         print_fn(spread(f"{result['size']} (torch stock)", result["torch_stock_step_times"]))
         print_fn(spread(f"{result['size']} (torch gathered)", result["torch_gathered_step_times"]))
     print_fn(f"process peak RSS after torch: {peak_rss_bytes() / 2**30:.2f} GiB")
-    return results
 
 
 def main(argv):

@@ -280,38 +280,14 @@ def _create(source, tokenizer, output_dir, options, pool, started, *, num_shards
     writers = [tfrecord.TFRecordWriter(path) for path in temporary_paths]
 
     corpus_stats = corpus.CorpusStats()
-    totals = collections.Counter()
     try:
-        documents = corpus.iter_documents(source, text_format=text_format, stats=corpus_stats)
-        if document_filter is not None:
-            documents = (document for index, document in enumerate(documents) if document_filter(index))
-        tasks = _chunks(documents, documents_per_chunk)
-        if pool is None:
-            results = map(ChunkProcessor(tokenizer, options), tasks)
-        else:
-            # Two chunks per worker keep every worker busy while the parent writes, and bound memory.
-            results = _ordered_bounded_map(pool, _run_in_worker, tasks, 2 * num_workers)
-        next_writer = 0
-        with tqdm.tqdm(unit=" docs", desc="documents", file=sys.stderr, dynamic_ncols=True,
-                       disable=not (progress and sys.stderr.isatty())) as bar:
-            for records, chunk_stats in results:
-                for offset in range(num_shards):
-                    write = writers[(next_writer + offset) % num_shards].write
-                    for record in records[offset::num_shards]:
-                        write(record)
-                next_writer = (next_writer + len(records)) % num_shards
-                totals.update(chunk_stats)
-                totals["chunks"] += 1
-                bar.update(chunk_stats["corpus_documents"])
-                bar.set_postfix(instances=totals["instances"], refresh=False)
+        results = _chunk_results(source, tokenizer, options, pool, corpus_stats, num_workers=num_workers,
+                                 documents_per_chunk=documents_per_chunk, text_format=text_format,
+                                 document_filter=document_filter)
+        totals = _deal_records(results, writers, progress=progress)
         for writer in writers:
             writer.close()
-        if not totals["documents"]:
-            raise ValueError(f"corpus {source!r}: no document has a sentence with any token under this tokenizer "
-                             f"({corpus_stats.documents} documents read). Fix: check the source and text_format")
-        if not totals["instances"]:
-            raise ValueError(f"corpus {source!r}: no instance could be made from {totals['documents']} documents "
-                             "(each needs at least two tokens for sentence_order_prediction). Fix: use more text")
+        _check_not_empty(source, totals, corpus_stats)
         for stale in set(existing) - set(final_paths):
             fileio.remove(stale)
         for temporary, final in zip(temporary_paths, final_paths):
@@ -325,9 +301,61 @@ def _create(source, tokenizer, output_dir, options, pool, started, *, num_shards
         raise
 
     tokenizer.save(fileio.join(output_dir, TOKENIZER_DIR))
-    elapsed = time.perf_counter() - started
+    metadata = _metadata(source, tokenizer, options, corpus_stats, totals, elapsed=time.perf_counter() - started,
+                         num_shards=num_shards, documents_per_chunk=documents_per_chunk, text_format=text_format,
+                         prefix=prefix, final_paths=final_paths)
+    with fileio.open_file(metadata_path(output_dir, prefix), "w") as stream:
+        stream.write(json.dumps(metadata, indent=2) + "\n")
+    _log_summary(metadata["stats"], num_shards, output_dir)
+    return metadata
+
+
+def _chunk_results(source, tokenizer, options, pool, corpus_stats, *, num_workers, documents_per_chunk, text_format,
+                   document_filter) -> Iterator[tuple[list[bytes], dict]]:
+    """The corpus's chunks processed, in corpus order: (records, chunk stats) per chunk, computed lazily."""
+    documents = corpus.iter_documents(source, text_format=text_format, stats=corpus_stats)
+    if document_filter is not None:
+        documents = (document for index, document in enumerate(documents) if document_filter(index))
+    tasks = _chunks(documents, documents_per_chunk)
+    if pool is None:
+        return map(ChunkProcessor(tokenizer, options), tasks)
+    # Two chunks per worker keep every worker busy while the parent writes, and bound memory.
+    return _ordered_bounded_map(pool, _run_in_worker, tasks, 2 * num_workers)
+
+
+def _deal_records(results, writers, *, progress) -> collections.Counter:
+    """Writes every chunk's records round-robin into `writers`; returns the chunks' stats summed, plus "chunks"."""
+    num_shards = len(writers)
+    totals = collections.Counter()
+    next_writer = 0
+    with tqdm.tqdm(unit=" docs", desc="documents", file=sys.stderr, dynamic_ncols=True,
+                   disable=not (progress and sys.stderr.isatty())) as bar:
+        for records, chunk_stats in results:
+            for offset in range(num_shards):
+                write = writers[(next_writer + offset) % num_shards].write
+                for record in records[offset::num_shards]:
+                    write(record)
+            next_writer = (next_writer + len(records)) % num_shards
+            totals.update(chunk_stats)
+            totals["chunks"] += 1
+            bar.update(chunk_stats["corpus_documents"])
+            bar.set_postfix(instances=totals["instances"], refresh=False)
+    return totals
+
+
+def _check_not_empty(source, totals, corpus_stats) -> None:
+    if not totals["documents"]:
+        raise ValueError(f"corpus {source!r}: no document has a sentence with any token under this tokenizer "
+                         f"({corpus_stats.documents} documents read). Fix: check the source and text_format")
+    if not totals["instances"]:
+        raise ValueError(f"corpus {source!r}: no instance could be made from {totals['documents']} documents "
+                         "(each needs at least two tokens for sentence_order_prediction). Fix: use more text")
+
+
+def _metadata(source, tokenizer, options, corpus_stats, totals, *, elapsed, num_shards, documents_per_chunk,
+              text_format, prefix, final_paths) -> dict:
     static = options.masking == "static"
-    metadata = {
+    return {
         "format": "masked" if static else "unmasked",
         "features": list(tfrecord.MASKED_FEATURES if static else tfrecord.UNMASKED_FEATURES),
         **{field: value for field, value in dataclasses.asdict(options).items() if field != "masking"},
@@ -347,15 +375,14 @@ def _create(source, tokenizer, output_dir, options, pool, started, *, num_shards
             "elapsed_s": round(elapsed, 3), "instances_per_s": round(totals["instances"] / elapsed, 1),
         },
     }
-    with fileio.open_file(metadata_path(output_dir, prefix), "w") as stream:
-        stream.write(json.dumps(metadata, indent=2) + "\n")
-    stats = metadata["stats"]
+
+
+def _log_summary(stats, num_shards, output_dir) -> None:
     logging.info("wrote %d instances from %d documents (%d sentences, %d non-UTF-8 lines skipped) into %d shard(s) "
                  "in %s: %.1f s, %.0f instances/s, masked %.2f%% of tokens, label 1 in %.1f%%", stats["instances"],
                  stats["documents"], stats["sentences"], stats["skipped_lines"], num_shards, output_dir,
                  stats["elapsed_s"], stats["instances_per_s"], 100 * stats["masked_fraction"],
                  100 * stats["nsp_random_fraction"])
-    return metadata
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -126,15 +126,44 @@ def tfrecord_dataset(patterns: str, *, batch_size: int, max_seq_length: int, max
     elif whole_word_continuation is not None:
         logging.warning("input %s: the records carry static masks, so whole-word masking has no effect", patterns)
 
+    files, shard_records = _this_process_files(files, process_index, process_count)
+    logging.info("input %s: process %d/%d reads %d file(s)%s, %s records, %s masking", patterns, process_index,
+                 process_count, len(files), " and shards records" if shard_records else "", layout,
+                 "dynamic" if dynamic else "static")
+    records = _read_records(files, shard_records=shard_records, training=training, seed=seed,
+                            process_index=process_index, process_count=process_count,
+                            shuffle_buffer=shuffle_buffer, num_parallel_reads=num_parallel_reads)
+
+    spec = tfrecord.feature_spec(max_seq_length, max_predictions_per_seq, layout)
+    # A packing window may be partial (the packer takes any count).
+    dataset = (records.batch(batch_size, drop_remainder=not pad_final_batch) if packing is None
+               else records.batch(packing.window, drop_remainder=False))
+    # Parsing (and masking) a whole batch at once is a few vectorised ops rather than batch_size small ones.
+    if dynamic:
+        dataset = _parse_and_mask(dataset, spec, layout, seed=seed, process_index=process_index,
+                                  max_predictions_per_seq=max_predictions_per_seq, masked_lm_prob=masked_lm_prob,
+                                  vocab_size=vocab_size, special_ids=special_ids,
+                                  whole_word_continuation=whole_word_continuation)
+    else:
+        dataset = dataset.map(lambda serialized: _parse_batch(serialized, spec), num_parallel_calls=tf.data.AUTOTUNE)
+    dataset = _pack_and_pad(dataset, packing, batch_size=batch_size, max_seq_length=max_seq_length,
+                            pad_final_batch=pad_final_batch)
+    return _deterministic(dataset.prefetch(tf.data.AUTOTUNE))
+
+
+def _this_process_files(files: list[str], process_index: int, process_count: int) -> tuple[list[str], bool]:
+    """The files this process reads, and whether it must also shard their records."""
     # Whole files per process when there are enough of them (each reads only its own); otherwise every process
     # reads everything in the same order and keeps every process_count-th record.
     shard_records = len(files) < process_count
     if not shard_records:
         files = files[process_index::process_count]
-    logging.info("input %s: process %d/%d reads %d file(s)%s, %s records, %s masking", patterns, process_index,
-                 process_count, len(files), " and shards records" if shard_records else "", layout,
-                 "dynamic" if dynamic else "static")
+    return files, shard_records
 
+
+def _read_records(files: list[str], *, shard_records: bool, training: bool, seed: int, process_index: int,
+                  process_count: int, shuffle_buffer: int, num_parallel_reads: int) -> tf.data.Dataset:
+    """This process's serialized records from `files`: shuffled and repeated forever when training."""
     file_dataset = tf.data.Dataset.from_tensor_slices(files)
     if training and not shard_records:
         # Not when sharding records: a per-process file order would break the disjointness of the shards.
@@ -151,29 +180,32 @@ def tfrecord_dataset(patterns: str, *, batch_size: int, max_seq_length: int, max
         records = records.shard(process_count, process_index)
     if training:
         records = records.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+    return records
 
-    spec = tfrecord.feature_spec(max_seq_length, max_predictions_per_seq, layout)
-    # A packing window may be partial (the packer takes any count).
-    dataset = (records.batch(batch_size, drop_remainder=not pad_final_batch) if packing is None
-               else records.batch(packing.window, drop_remainder=False))
-    # Parsing (and masking) a whole batch at once is a few vectorised ops rather than batch_size small ones.
-    if dynamic:
-        # Processes differ in the seed's second word, batches in the fold-in of their number.
-        process_seed = tf.constant([seed, process_index], tf.int64)
-        continuation = None if whole_word_continuation is None else tf.constant(whole_word_continuation, tf.bool)
 
-        def parse_and_mask(batch_number, serialized):
-            batch = _parse_batch(serialized, spec)
-            if layout == "masked":
-                batch = restore_original_tokens(batch)
-            return dynamic_mask(batch, max_predictions_per_seq=max_predictions_per_seq,
-                                masked_lm_prob=masked_lm_prob, vocab_size=vocab_size, special_ids=special_ids,
-                                seed=tf.random.experimental.stateless_fold_in(process_seed, batch_number),
-                                whole_word_continuation=continuation)
+def _parse_and_mask(dataset: tf.data.Dataset, spec, layout: str, *, seed: int, process_index: int,
+                    max_predictions_per_seq: int, masked_lm_prob: float, vocab_size: int | None, special_ids,
+                    whole_word_continuation) -> tf.data.Dataset:
+    """Batches of serialized records -> parsed batches with fresh dynamic masks."""
+    # Processes differ in the seed's second word, batches in the fold-in of their number.
+    process_seed = tf.constant([seed, process_index], tf.int64)
+    continuation = None if whole_word_continuation is None else tf.constant(whole_word_continuation, tf.bool)
 
-        dataset = dataset.enumerate().map(parse_and_mask, num_parallel_calls=tf.data.AUTOTUNE)
-    else:
-        dataset = dataset.map(lambda serialized: _parse_batch(serialized, spec), num_parallel_calls=tf.data.AUTOTUNE)
+    def parse_and_mask(batch_number, serialized):
+        batch = _parse_batch(serialized, spec)
+        if layout == "masked":
+            batch = restore_original_tokens(batch)
+        return dynamic_mask(batch, max_predictions_per_seq=max_predictions_per_seq,
+                            masked_lm_prob=masked_lm_prob, vocab_size=vocab_size, special_ids=special_ids,
+                            seed=tf.random.experimental.stateless_fold_in(process_seed, batch_number),
+                            whole_word_continuation=continuation)
+
+    return dataset.enumerate().map(parse_and_mask, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+def _pack_and_pad(dataset: tf.data.Dataset, packing: packing_lib.PackingOptions | None, *, batch_size: int,
+                  max_seq_length: int, pad_final_batch: bool) -> tf.data.Dataset:
+    """Parsed batches -> packed rows (with `packing`) and a final batch padded up (with `pad_final_batch`)."""
     if packing is not None:
         # The packer drops a partial batch of rows: read once, it hands over single rows, re-batched here.
         dataset = packing_lib.pack_dataset(dataset, batch_size=1 if pad_final_batch else batch_size,
@@ -182,8 +214,10 @@ def tfrecord_dataset(patterns: str, *, batch_size: int, max_seq_length: int, max
             dataset = dataset.unbatch().batch(batch_size)
     if pad_final_batch:
         dataset = dataset.map(lambda batch: _pad_rows(batch, batch_size), num_parallel_calls=tf.data.AUTOTUNE)
-    dataset = dataset.prefetch(tf.data.AUTOTUNE)
+    return dataset
 
+
+def _deterministic(dataset: tf.data.Dataset) -> tf.data.Dataset:
     # A resumed or repeated run must see the same batches for the same seed.
     options = tf.data.Options()
     options.deterministic = True

@@ -185,18 +185,7 @@ def create_instances_from_document(all_documents: Sequence[Sequence[Sequence[int
                     tokens_a, tokens_b = tokens_b, tokens_a
             elif len(current_chunk) == 1 or rng.random() < 0.5:
                 label = 1
-                target_b_length = target_seq_length - len(tokens_a)
-                # Ten tries at a different document; a one-document chunk ends up pairing with itself.
-                for _ in range(10):
-                    random_document_index = rng.randint(0, len(all_documents) - 1)
-                    if random_document_index != document_index:
-                        break
-                random_document = all_documents[random_document_index]
-                tokens_b = []
-                for j in range(rng.randint(0, len(random_document) - 1), len(random_document)):
-                    tokens_b.extend(random_document[j])
-                    if len(tokens_b) >= target_b_length:
-                        break
+                tokens_b = _random_next_segment(all_documents, document_index, target_seq_length - len(tokens_a), rng)
                 # The segments after A were not used: go back so that they start the next chunk.
                 i -= len(current_chunk) - a_end
             else:
@@ -204,13 +193,36 @@ def create_instances_from_document(all_documents: Sequence[Sequence[Sequence[int
                 tokens_b = list(itertools.chain.from_iterable(current_chunk[a_end:]))
             truncate_seq_pair(tokens_a, tokens_b, max_num_tokens, rng)
 
-            input_ids = [cls_id, *tokens_a, sep_id, *tokens_b, sep_id]
-            segment_ids = [0] * (len(tokens_a) + 2) + [1] * (len(tokens_b) + 1)
-            if mask_fn is None:
-                instances.append(TrainingInstance(input_ids, segment_ids, None, None, label))
-            else:
-                masked_ids, positions, labels = mask_fn(input_ids, rng)
-                instances.append(TrainingInstance(masked_ids, segment_ids, positions, labels, label))
+            instances.append(_make_instance(tokens_a, tokens_b, label, rng, cls_id=cls_id, sep_id=sep_id,
+                                            mask_fn=mask_fn))
             current_chunk, current_length = [], 0
         i += 1
     return instances
+
+
+def _random_next_segment(all_documents: Sequence[Sequence[Sequence[int]]], document_index: int,
+                         target_b_length: int, rng: random.Random) -> list[int]:
+    """NSP's "random next" segment B: sentences of another document, from a random one on, up to the target."""
+    # Ten tries at a different document; a one-document chunk ends up pairing with itself.
+    for _ in range(10):
+        random_document_index = rng.randint(0, len(all_documents) - 1)
+        if random_document_index != document_index:
+            break
+    random_document = all_documents[random_document_index]
+    tokens_b = []
+    for j in range(rng.randint(0, len(random_document) - 1), len(random_document)):
+        tokens_b.extend(random_document[j])
+        if len(tokens_b) >= target_b_length:
+            break
+    return tokens_b
+
+
+def _make_instance(tokens_a: list[int], tokens_b: list[int], label: int, rng: random.Random, *, cls_id: int,
+                   sep_id: int, mask_fn: Callable | None) -> TrainingInstance:
+    """[CLS] A [SEP] B [SEP] as an instance, masked by `mask_fn` (drawing from `rng`) unless it is None."""
+    input_ids = [cls_id, *tokens_a, sep_id, *tokens_b, sep_id]
+    segment_ids = [0] * (len(tokens_a) + 2) + [1] * (len(tokens_b) + 1)
+    if mask_fn is None:
+        return TrainingInstance(input_ids, segment_ids, None, None, label)
+    masked_ids, positions, labels = mask_fn(input_ids, rng)
+    return TrainingInstance(masked_ids, segment_ids, positions, labels, label)

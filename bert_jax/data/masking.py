@@ -77,15 +77,8 @@ def dynamic_mask(batch: dict[str, tf.Tensor], *, max_predictions_per_seq: int, m
     masked_lm_positions = tf.where(is_prediction, positions, 0)
     masked_lm_ids = tf.where(is_prediction, tf.gather(input_ids, masked_lm_positions, batch_dims=1), 0)
 
-    # Decided per prediction slot, not per token: P random draws per row instead of S.
-    slots = tf.shape(masked_lm_positions)
-    decisions = tf.random.stateless_uniform(tf.concat([[2], slots], axis=0), decision_seed)
-    random_ids = tf.random.stateless_uniform(slots, replacement_seed, minval=0, maxval=vocab_size, dtype=tf.int32)
-    replacement = tf.where(decisions[0] < 0.8, mask_id, tf.where(decisions[1] < 0.5, masked_lm_ids, random_ids))
-    # Added as differences, so that padding slots (position 0, difference 0) leave [CLS] alone.
-    rows = tf.broadcast_to(tf.range(shape[0])[:, None], slots)
-    input_ids = tf.tensor_scatter_nd_add(input_ids, tf.stack([rows, masked_lm_positions], axis=-1),
-                                         tf.where(is_prediction, replacement - masked_lm_ids, 0))
+    input_ids = _replace_predictions(input_ids, masked_lm_positions, masked_lm_ids, is_prediction, decision_seed,
+                                     replacement_seed, vocab_size=vocab_size, mask_id=mask_id)
 
     next_sentence_labels = tf.cast(batch["next_sentence_labels"], tf.int32)
     if next_sentence_labels.shape.rank == 2:  # straight from the [1]-long record feature
@@ -99,6 +92,20 @@ def dynamic_mask(batch: dict[str, tf.Tensor], *, max_predictions_per_seq: int, m
         "masked_lm_weights": tf.cast(is_prediction, tf.float32),
         "next_sentence_labels": next_sentence_labels,
     }
+
+
+def _replace_predictions(input_ids, masked_lm_positions, masked_lm_ids, is_prediction, decision_seed,
+                         replacement_seed, *, vocab_size, mask_id):
+    """input_ids [B, S] with each prediction replaced: by [MASK] (80%), itself (10%) or a random id (10%)."""
+    # Decided per prediction slot, not per token: P random draws per row instead of S.
+    slots = tf.shape(masked_lm_positions)
+    decisions = tf.random.stateless_uniform(tf.concat([[2], slots], axis=0), decision_seed)
+    random_ids = tf.random.stateless_uniform(slots, replacement_seed, minval=0, maxval=vocab_size, dtype=tf.int32)
+    replacement = tf.where(decisions[0] < 0.8, mask_id, tf.where(decisions[1] < 0.5, masked_lm_ids, random_ids))
+    # Added as differences, so that padding slots (position 0, difference 0) leave [CLS] alone.
+    rows = tf.broadcast_to(tf.range(tf.shape(input_ids)[0])[:, None], slots)
+    return tf.tensor_scatter_nd_add(input_ids, tf.stack([rows, masked_lm_positions], axis=-1),
+                                    tf.where(is_prediction, replacement - masked_lm_ids, 0))
 
 
 def _choose_tokens(candidate, keys, num_to_predict, width):

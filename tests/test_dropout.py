@@ -17,6 +17,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
 from bert_jax import checkpoint as checkpoint_lib
+from bert_jax import job_config
 from bert_jax import model as model_lib
 from bert_jax import runtime
 from bert_jax import train
@@ -139,4 +140,4 @@ def test_the_driver_sets_the_libtpu_option_unsafe_rbg_needs_and_no_other():
     assert [runtime.dropout_rng_name("auto", platform) for platform in ("tpu", "gpu", "cpu")] == \
         ["unsafe_rbg", "threefry", "threefry"]
     with pytest.raises(ValueError, match=r"--config.train.dropout_rng='philox': choose auto or one of"):
-        train.validate_dropout_rng("philox")
+        job_config.validate_dropout_rng("philox")

@@ -136,7 +136,7 @@ def get_config(arg=None):
     train.seed = 0  # seeds initialisation, dropout, shuffling and synthetic data
     # Dropout's random bits: "threefry" (masks independent of the mesh), "rbg" or "unsafe_rbg" (XLA's
     # RngBitGenerator: cheaper on TPU; the driver sets the libtpu option unsafe_rbg needs), or "auto" (per platform,
-    # bert_jax.train.AUTO_DROPOUT_RNG). A checkpoint resumes only with the kind of key it was written with.
+    # bert_jax.runtime.AUTO_DROPOUT_RNG). A checkpoint resumes only with the kind of key it was written with.
     train.dropout_rng = "auto"
     train.peak_flops_per_device = 0.0  # for MFU; 0 means look the device kind up (unknown kinds print no MFU)
     train.profile_start_step = 0  # capture a profiler trace from this step into WORKDIR/profile; 0 = no trace

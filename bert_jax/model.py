@@ -287,43 +287,15 @@ def _run_layers(config: BertConfig, x, attention_mask, deterministic: bool, head
     return x, [stacked[index] for index in range(config.num_layers)]
 
 
-def stack_layers(params, num_layers: int) -> dict:
-    """Unrolled parameters (`layer_0` ... `layer_{n-1}`) -> the scan_layers layout (`layers`, leading layer axis),
-    for the params tree (or a {"params": ...} wrapper) of numpy or jax arrays (unboxed: nn.meta.unbox)."""
-    if set(params) == {"params"}:
-        return {"params": stack_layers(params["params"], num_layers)}
-    names = sorted((name for name in params if _is_unrolled_layer(name)), key=lambda name: int(name[6:]))
-    if names != [f"layer_{index}" for index in range(num_layers)]:
-        raise ValueError(f"stack_layers: expected layer_0 ... layer_{num_layers - 1}, found {names or 'none'} "
-                         f"(scanned parameters already? they hold '{SCANNED_LAYERS}')")
-    stack = np.stack if all(isinstance(leaf, np.ndarray) for leaf in jax.tree.leaves(params[names[0]])) else jnp.stack
-    stacked = jax.tree.map(lambda *leaves: stack(leaves), *(params[name] for name in names))
-    rest = {name: value for name, value in params.items() if name not in names}
-    return {**rest, SCANNED_LAYERS: stacked}
-
-
-def unstack_layers(params) -> dict:
-    """The scan_layers layout (`layers` with a leading layer axis) -> unrolled `layer_{i}` parameters; unrolled
-    parameters are returned unchanged."""
-    if set(params) == {"params"}:
-        return {"params": unstack_layers(params["params"])}
-    if SCANNED_LAYERS not in params:
-        return params
-    stacked = params[SCANNED_LAYERS]
-    num_layers = jax.tree.leaves(stacked)[0].shape[0]
-    rest = {name: value for name, value in params.items() if name != SCANNED_LAYERS}
-    return {**rest, **{f"layer_{index}": jax.tree.map(lambda leaf, i=index: leaf[i], stacked)
-                       for index in range(num_layers)}}
-
-
-def _is_unrolled_layer(name: str) -> bool:
+def is_unrolled_layer(name: str) -> bool:
+    """True for `layer_{i}`, an unrolled (scan_layers=False) encoder layer's parameter name."""
     return name.startswith("layer_") and name[6:].isdigit()
 
 
 def is_encoder_parameter(name: str) -> bool:
     """True for a top-level parameter name every model shares (embeddings, layers, pooler): BertForPreTraining's
     parameters minus the heads are BertModel's, and BertForSequenceClassification's minus `classifier`."""
-    return name in ("embeddings", "pooler", SCANNED_LAYERS) or _is_unrolled_layer(name)
+    return name in ("embeddings", "pooler", SCANNED_LAYERS) or is_unrolled_layer(name)
 
 
 def _encode(config: BertConfig, input_ids, input_mask, segment_ids, deterministic: bool, position_ids=None,

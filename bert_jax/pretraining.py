@@ -28,6 +28,7 @@ from bert_jax import metrics as metrics_lib
 from bert_jax import model as model_lib
 from bert_jax import optim
 from bert_jax.interop import init_architecture
+from bert_jax.interop import layout
 from bert_jax.interop import pretrained
 from bert_jax import sharding as sharding_lib
 from bert_jax.train import (TrainState, abstract_train_state, dropout_key, create_train_state, jit_eval_step,
@@ -215,7 +216,7 @@ def _init_params(path: str, model_config: model_lib.BertConfig, abstract_params,
     if report.initialized:
         logging.warning("--config.init: %s has no %s; initialised afresh", path, ", ".join(report.initialized))
     if model_config.scan_layers:  # imports are in the unrolled layout (layer_0, layer_1, ...)
-        params = model_lib.stack_layers(params, model_config.num_layers)
+        params = layout.stack_layers(params, model_config.num_layers)
     return jax.device_put(params, params_shardings), path
 
 

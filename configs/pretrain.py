@@ -82,7 +82,7 @@ def get_config(arg=None):
     # layer inputs: least memory, ~one extra forward pass).
     model.remat = "none"
     # One nn.scan over the layers: compile time independent of depth; parameters stacked under "layers" with a
-    # leading layer axis (model.unstack_layers / stack_layers convert; exports unstack automatically).
+    # leading layer axis (interop.layout.unstack_layers / stack_layers convert; exports unstack automatically).
     model.scan_layers = False
 
     config.mesh = mesh_config()

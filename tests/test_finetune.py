@@ -17,7 +17,7 @@ import pytest
 
 from bert_jax import checkpoint as checkpoint_lib
 from bert_jax import divergence
-from bert_jax.interop import export
+from bert_jax.interop import flax_files
 from bert_jax import finetune
 from bert_jax import model as model_lib
 from bert_jax import optim
@@ -278,7 +278,7 @@ def test_init_from_a_flax_export_takes_its_architecture_and_weights(task, tmp_pa
         jax.random.key(3), ids, ids, ids, np.zeros((1, 1), np.int32)))["params"])  # jitted: one compilation
     config = _config(task, mesh_shape=(2, 2, 2))
     config.model.update(vocab_size=30522, max_position_embeddings=512)  # the tiny preset's: the export's are taken
-    config.init = export.export_flax(weights, foreign, str(tmp_path / "flax"))
+    config.init = flax_files.export_flax(weights, foreign, str(tmp_path / "flax"))
     source = finetune.model_source(init_architecture.resolve_init_architecture(config))
     assert (source.model_config.hidden_size, source.model_config.vocab_size,
             source.model_config.max_position_embeddings) == (64, rows, 32)

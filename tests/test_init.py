@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from bert_jax.interop import export
+from bert_jax.interop import flax_files
 from bert_jax import model as model_lib
 from bert_jax.interop import init_architecture
 from bert_jax.data import tokenization
@@ -134,7 +134,7 @@ def test_original_tf_and_flax_export_configs(tmp_path):
     flax_dir.mkdir()
     bert = model_lib.BertConfig(vocab_size=256, hidden_size=64, num_layers=3, num_heads=4, intermediate_size=96,
                                 hidden_act="gelu", max_position_embeddings=40, layer_norm_eps=1e-6)
-    (flax_dir / export.FLAX_CONFIG).write_text(json.dumps(dataclasses.asdict(bert)))
+    (flax_dir / flax_files.FLAX_CONFIG).write_text(json.dumps(dataclasses.asdict(bert)))
     tokenization.load_tokenizer(_vocab(tmp_path / "vocab.txt", 130)).save(str(flax_dir))
     config = pretrain_configs.get_config("size=mini,data=tfrecord")
     config.init = str(flax_dir)
@@ -163,7 +163,7 @@ def test_an_inconsistent_config_file_is_named_not_a_flag(hf_dir, tmp_path):
                                          r"a positive integer; intermediate_size='big' is not a positive integer"):
         init_architecture.resolve_init_architecture(config)
     (tmp_path / "flax").mkdir()
-    (tmp_path / "flax" / export.FLAX_CONFIG).write_text(json.dumps({"hidden_size": 100, "num_heads": 3}))
+    (tmp_path / "flax" / flax_files.FLAX_CONFIG).write_text(json.dumps({"hidden_size": 100, "num_heads": 3}))
     config.init = str(tmp_path / "flax")
     with pytest.raises(ValueError, match=r"bert_jax_config\.json is not a consistent BERT config: num_heads=3 does not "
                                          r"divide hidden_size=100"):

@@ -11,7 +11,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax.interop import export
+from bert_jax.interop import flax_files
+from bert_jax.interop import huggingface
+from bert_jax.interop import layout
 from bert_jax import metrics as metrics_lib
 from bert_jax import model as model_lib
 from bert_jax import optim
@@ -64,7 +66,7 @@ def _unrolled_params(seed=1):
 def _params(config):
     """The same initial weights for every config: unrolled, stacked for a scanned one."""
     params = _unrolled_params()
-    return model_lib.stack_layers(params, config.num_layers) if config.scan_layers else params
+    return layout.stack_layers(params, config.num_layers) if config.scan_layers else params
 
 
 @functools.lru_cache(maxsize=None)
@@ -98,22 +100,22 @@ def _assert_trees_close(actual, expected, atol, rtol=0.0):
 def test_scanned_layers_equal_unrolled_with_the_same_weights():
     unrolled, scanned = _config(), _config(scan_layers=True)
     params = _unrolled_params()
-    stacked = model_lib.stack_layers(params, unrolled.num_layers)
+    stacked = layout.stack_layers(params, unrolled.num_layers)
     # The scanned model's own init has exactly this layout, with "layers" as the leading logical axis.
     boxed = jax.eval_shape(lambda: model_lib.BertForPreTraining(scanned).init(jax.random.key(0), **_inputs()))
     shapes = jax.tree.map(lambda leaf: leaf.shape, nn.meta.unbox(boxed)["params"])
     assert shapes == jax.tree.map(lambda leaf: leaf.shape, stacked)
     assert boxed["params"]["layers"]["attention"]["query"]["kernel"].names == ("layers", "embed", "heads")
-    _assert_trees_close(model_lib.unstack_layers(stacked), params, atol=0)
+    _assert_trees_close(layout.unstack_layers(stacked), params, atol=0)
 
     loss, outputs, grads = _results(unrolled)
     scanned_loss, scanned_outputs, scanned_grads = _results(scanned)
     np.testing.assert_allclose(scanned_loss, loss, rtol=1e-6)
     for name in ("sequence_output", "pooled_output", "mlm_logits", "nsp_logits"):
         np.testing.assert_allclose(scanned_outputs[name], outputs[name], atol=1e-6, err_msg=name)
-    _assert_trees_close(model_lib.unstack_layers(scanned_grads), grads, atol=1e-6)
+    _assert_trees_close(layout.unstack_layers(scanned_grads), grads, atol=1e-6)
     # Weight decay skips LayerNorm parameters and biases of stacked layers too, whose rank grew by one.
-    _assert_trees_close(optim.decay_mask(stacked), model_lib.stack_layers(optim.decay_mask(params), 2), atol=0)
+    _assert_trees_close(optim.decay_mask(stacked), layout.stack_layers(optim.decay_mask(params), 2), atol=0)
 
 
 def test_scanned_hidden_states_are_each_layers_output():
@@ -130,13 +132,13 @@ def test_scanned_hidden_states_are_each_layers_output():
 def test_exports_of_scanned_parameters_equal_those_of_unrolled(tmp_path):
     unrolled, scanned = _config(), _config(scan_layers=True)
     params = _unrolled_params()
-    stacked = model_lib.stack_layers(params, unrolled.num_layers)
-    export.export_flax(stacked, scanned, str(tmp_path / "flax"))
-    loaded_config, loaded = export.load_flax(str(tmp_path / "flax"))
+    stacked = layout.stack_layers(params, unrolled.num_layers)
+    flax_files.export_flax(stacked, scanned, str(tmp_path / "flax"))
+    loaded_config, loaded = flax_files.load_flax(str(tmp_path / "flax"))
     assert not loaded_config.scan_layers
     _assert_trees_close(loaded, params, atol=0)
-    export.export_hf(stacked, scanned, str(tmp_path / "hf_scanned"))
-    export.export_hf(params, unrolled, str(tmp_path / "hf_unrolled"))
+    huggingface.export_hf(stacked, scanned, str(tmp_path / "hf_scanned"))
+    huggingface.export_hf(params, unrolled, str(tmp_path / "hf_unrolled"))
     assert ((tmp_path / "hf_scanned" / "model.safetensors").read_bytes()
             == (tmp_path / "hf_unrolled" / "model.safetensors").read_bytes())
 

@@ -17,9 +17,15 @@ import jax
 from bert_jax import fileio
 from bert_jax import model as model_lib
 from bert_jax import presets
+from bert_jax.interop import flax_files
+from bert_jax.interop import huggingface
+from bert_jax.interop import layout
 from bert_jax.interop import pretrained
+from bert_jax.interop import tf_checkpoint
 from bert_jax.data import tokenization
-from bert_jax.interop.export import FLAX_CONFIG, TF_CONFIG, VOCAB_FILE
+from bert_jax.interop.flax_files import FLAX_CONFIG
+from bert_jax.interop.layout import VOCAB_FILE
+from bert_jax.interop.tf_checkpoint import TF_CONFIG
 
 # The config.model fields a checkpoint fixes; the others (dtype, dropout rates, attention, remat, scan_layers,
 # initializer_range) are the new run's choice.
@@ -75,7 +81,7 @@ def _run_architecture(path: str) -> InitArchitecture:
     values = _checkpoint_shapes(step)
     record, where = home / RUN_MODEL_CONFIG, str(step)
     if record.exists():
-        recorded = pretrained.config_from_ours(str(record))
+        recorded = flax_files.config_from_ours(str(record))
         disagree = [f"{field}={getattr(recorded, field)!r} there but {value!r} in the arrays"
                     for field, value in values.items() if getattr(recorded, field) != value]
         if disagree:
@@ -105,15 +111,15 @@ def read_architecture(path: str) -> InitArchitecture:
     kind = pretrained.checkpoint_format(path)
     if kind == "bert_jax":
         config_path = os.path.join(path, FLAX_CONFIG)
-        config, vocab_file = pretrained.config_from_ours(config_path), pretrained.saved_tokenizer(path)
+        config, vocab_file = flax_files.config_from_ours(config_path), pretrained.saved_tokenizer(path)
     elif kind == "huggingface":
-        config_path = pretrained.hf_config_path(path)
-        config = pretrained.config_from_hf(pretrained.read_json(config_path), config_path)
+        config_path = huggingface.hf_config_path(path)
+        config = huggingface.config_from_hf(layout.read_json(config_path), config_path)
         vocab_file = os.path.join(os.path.dirname(config_path), VOCAB_FILE)
     else:
-        prefix = pretrained.tf_prefix(path)
+        prefix = tf_checkpoint.tf_prefix(path)
         config_path = os.path.join(os.path.dirname(prefix), TF_CONFIG)
-        config = pretrained.config_from_tf(config_path)
+        config = tf_checkpoint.config_from_tf(config_path)
         vocab_file = os.path.join(os.path.dirname(prefix), VOCAB_FILE)
     vocab_file = vocab_file if vocab_file and os.path.exists(vocab_file) else None
     return InitArchitecture({field: getattr(config, field) for field in ARCHITECTURE_FIELDS}, config_path, kind,

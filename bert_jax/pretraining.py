@@ -302,7 +302,7 @@ class _Loop:
 
     def __init__(self, run: _Run, checkpointer, start: "_Start", workdir: str):
         config, train = run.config, run.config.train
-        self.run, self.checkpointer, self.workdir = run, checkpointer, workdir
+        self.job, self.checkpointer, self.workdir = run, checkpointer, workdir
         self.state, self.rng, self.batches = start.state, start.step_rng, start.batches
         self.state_shardings = start.shardings
         self.batch_sharding = sharding_lib.batch_sharding(run.mesh, run.rules)
@@ -336,7 +336,7 @@ class _Loop:
                 self._rewind(diverged)
 
     def _train(self) -> TrainResult:
-        train = self.run.config.train
+        train = self.job.config.train
         window, pending = _Window(), None  # pending: (step, device metrics) of the step before the one in flight
         for step in range(int(self.state.step) + 1, train.num_steps + 1):
             metrics = self._step(step)
@@ -347,7 +347,7 @@ class _Loop:
             if window.start is None:
                 self._judge(*pending, window)
                 pending = None
-                window.restart()
+                window.start = time.perf_counter()
             else:
                 window.timed_steps += 1
             stop = self.preemption.should_stop(step)
@@ -390,7 +390,7 @@ class _Loop:
 
     def _log(self, step: int, window: _Window) -> dict[str, float]:
         """The log line of the steps in `window` (plus an evaluation when one is due): logged and written."""
-        config = self.run.config
+        config = self.job.config
         data, train = config.data, config.train
         scalars, steps_per_second = window.summary()
         if steps_per_second:
@@ -399,7 +399,7 @@ class _Loop:
             if self.peak:
                 scalars["mfu"] = self.flops_per_step * steps_per_second / self.peak
         if data.eval_input_files and (step % train.eval_every == 0 or step == train.num_steps):
-            eval_batches = self.run.make_iterator(split="eval", seed=train.seed)
+            eval_batches = self.job.make_iterator(split="eval", seed=train.seed)
             scalars.update(evaluate(self.eval_step, self.state.params, eval_batches, self.batch_sharding,
                                     train.eval_steps))
         logging.info("%s", metrics_lib.log_line(step, train.num_steps, scalars, steps_per_second))
@@ -417,7 +417,7 @@ class _Loop:
     def _rewind(self, diverged: divergence.Diverged) -> None:
         """Goes on from the newest verified checkpoint past the input that diverged, or raises DivergenceError."""
         self.state, self.rng, self.batches, self.monitor = _rewind_after(
-            diverged, self.fed.get(diverged.step), self.run, self.checkpointer, self.monitor, self.state,
+            diverged, self.fed.get(diverged.step), self.job, self.checkpointer, self.monitor, self.state,
             self.state_shardings, self.rng, self.batches, self.positions)
         self.unjudged = {int(self.state.step)}
         self.writer.close()  # its records after the step rewound to go

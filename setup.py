@@ -22,6 +22,7 @@ INSTALL_REQUIRES = [
     "ml-collections>=1.0,<2",
     "numpy>=2.0,<3",
     "safetensors>=0.4,<1",  # export to / import from HuggingFace and our own Flax export
+    "seqeval>=1.2.2,<1.3",  # entity-level precision / recall / F1 of token classification (CoNLL's definition)
 ]
 
 EXTRAS_REQUIRE = {

@@ -38,6 +38,7 @@ import orbax.checkpoint as ocp
 from jax.sharding import NamedSharding, PartitionSpec
 
 from bert_jax import checkpoint as checkpoint_lib
+from bert_jax.data import conll
 from bert_jax import divergence
 from bert_jax.data import finetune_data
 from bert_jax import fileio
@@ -52,6 +53,7 @@ from bert_jax.train import TrainState, apply_gradients, dropout_key, jit_train_s
 
 FINETUNED_SUBDIR = "finetuned"
 LABELS_FILE = "labels.json"
+PREDICTIONS_FILE = "eval_predictions.txt"  # tagging: WORKDIR/eval_predictions.txt, data.eval_file's layout
 
 
 
@@ -159,15 +161,26 @@ def _logits(model, rules, params, batch, deterministic, rngs=None):
                            deterministic=deterministic, rngs=rngs)["logits"]
 
 
+def _labels_and_weights(batch):
+    """(labels, weights): each row's weight (0 for padding rows) and, for token labels [batch, length], also 0 where
+    nothing is scored (conll.IGNORE: [CLS], [SEP], a word's later pieces, padding)."""
+    labels, weights = batch["label_ids"], batch["weights"]
+    if labels.ndim == 2:
+        weights = weights[:, None] * (labels != conll.IGNORE)
+        labels = jnp.maximum(labels, 0)
+    return labels, weights
+
+
 def make_train_step(model: nn.Module, tx: optax.GradientTransformation, schedule, rules):
-    """`train_step(state, batch, rng) -> (state, metrics)`: weighted cross-entropy, dropout from fold_in(rng, step)."""
+    """`train_step(state, batch, rng) -> (state, metrics)`: weighted cross-entropy (over rows, or over the scored
+    tokens), dropout from fold_in(rng, step)."""
     def loss_fn(params, batch, dropout_rng):
         logits = _logits(model, rules, params, batch, False, {"dropout": dropout_rng})
-        weights = batch["weights"]
-        xent = optax.softmax_cross_entropy_with_integer_labels(logits, batch["label_ids"])
+        labels, weights = _labels_and_weights(batch)
+        xent = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
         total = jnp.maximum(jnp.sum(weights), 1.0)
         loss = jnp.sum(weights * xent) / total
-        correct = jnp.sum(weights * (jnp.argmax(logits, -1) == batch["label_ids"]))
+        correct = jnp.sum(weights * (jnp.argmax(logits, -1) == labels))
         return loss, {"loss": loss, "accuracy": correct / total}
 
     def train_step(state: TrainState, batch, rng):
@@ -182,12 +195,18 @@ def make_eval_step(model: nn.Module, rules):
     """`eval_step(params, batch) -> sums` of loss, correct predictions and real rows (padding rows weigh 0)."""
     def eval_step(params, batch):
         logits = _logits(model, rules, params, batch, True)
-        weights = batch["weights"]
-        xent = optax.softmax_cross_entropy_with_integer_labels(logits, batch["label_ids"])
-        return {"loss_sum": jnp.sum(weights * xent),
-                "correct": jnp.sum(weights * (jnp.argmax(logits, -1) == batch["label_ids"])),
+        labels, weights = _labels_and_weights(batch)
+        xent = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+        return {"loss_sum": jnp.sum(weights * xent), "correct": jnp.sum(weights * (jnp.argmax(logits, -1) == labels)),
                 "count": jnp.sum(weights)}
     return eval_step
+
+
+def make_predict_step(model: nn.Module, rules):
+    """`predict_step(params, batch) -> [batch, length]` the most likely label of every position."""
+    def predict_step(params, batch):
+        return jnp.argmax(_logits(model, rules, params, batch, True), -1).astype(jnp.int32)
+    return predict_step
 
 
 def make_features_step(model: nn.Module, rules, pooling: str):
@@ -233,16 +252,25 @@ def _evaluate(eval_step, params, encoded, labels, batch_size, batch_sharding, ro
 
 @dataclasses.dataclass
 class _Task:
-    """The labelled examples, tokenized (finetune_data.encode_examples), with their class names."""
-    names: list[str]  # class names in id order
+    """The labelled examples, tokenized, with their class names: sentences' classes (labels [rows]), or, for CoNLL
+    files, words' tags (labels [rows, length], conll.IGNORE where nothing is scored)."""
+    names: list[str]  # class (tag) names in id order
     train_encoded: dict
     train_labels: np.ndarray
     eval_encoded: dict | None = None
     eval_labels: np.ndarray | None = None
+    eval_sentences: list[conll.Sentence] | None = None  # tagging: the held-out sentences, for entity scores
+    eval_rows: conll.Rows | None = None  # tagging: which words each held-out row holds
+
+    @property
+    def tagging(self) -> bool:
+        return self.train_labels.ndim == 2
 
 
 def _read_task(config, tokenizer) -> _Task:
     data = config.data
+    if data.format == "conll":
+        return _read_tagging_task(config, tokenizer)
     train_examples = finetune_data.read_examples(data.train_file, data)
     names = finetune_data.label_names(train_examples, data)
     logging.info("%d classes (id: name): %s", len(names), ", ".join(f"{i}: {n}" for i, n in enumerate(names)))
@@ -252,6 +280,34 @@ def _read_task(config, tokenizer) -> _Task:
         eval_examples = finetune_data.read_examples(data.eval_file, data, field="data.eval_file")
         task.eval_labels = finetune_data.label_ids(eval_examples, names)
         task.eval_encoded = finetune_data.encode_examples(tokenizer, eval_examples, data.max_seq_length)
+    return task
+
+
+def _read_tagging_task(config, tokenizer) -> _Task:
+    data = config.data
+    train_sentences = conll.read_conll(data.train_file)
+    tags = sorted({tag for sentence in train_sentences for tag in sentence.tags})
+    names = finetune_data.split_names(data.label_names) or tags
+    if set(tags) - set(names):
+        raise ValueError(f"--config.data.train_file={data.train_file} has tags {sorted(set(tags) - set(names))} that "
+                         f"--config.data.label_names={data.label_names!r} does not name. Fix: name every tag, or "
+                         "leave label_names empty (the training file's tags, sorted)")
+    logging.info("%d tags (id: name): %s", len(names), ", ".join(f"{i}: {n}" for i, n in enumerate(names)))
+    ids = {name: index for index, name in enumerate(names)}
+    rows = conll.encode(tokenizer, train_sentences, ids, data.max_seq_length)
+    logging.info("%d training sentences in %d rows of data.max_seq_length=%d", len(train_sentences),
+                 len(rows.labels), data.max_seq_length)
+    task = _Task(names, rows.arrays(), rows.labels)
+    if data.eval_file:
+        sentences = conll.read_conll(data.eval_file, field="data.eval_file")
+        unknown = sorted({tag for sentence in sentences for tag in sentence.tags} - set(names))
+        if unknown:
+            raise ValueError(f"--config.data.eval_file={data.eval_file} has tags {unknown} that the training file "
+                             f"{data.train_file} never uses: the two files' tag sets differ. Fix: files of one tag "
+                             "set (IOB1 or IOB2 alike), or name every tag in --config.data.label_names")
+        task.eval_rows = conll.encode(tokenizer, sentences, ids, data.max_seq_length)
+        task.eval_encoded, task.eval_labels = task.eval_rows.arrays(), task.eval_rows.labels
+        task.eval_sentences = sentences
     return task
 
 
@@ -295,7 +351,8 @@ def finetune(config, workdir: str) -> dict[str, float]:
     tokenizer, source, mesh, rules = _setup(config)
     task = _read_task(config, tokenizer)
     tx, schedule, num_steps = _create_optimizer(config, len(task.train_labels))
-    model = model_lib.BertForSequenceClassification(source.model_config, len(task.names))
+    model_class = model_lib.BertForTokenClassification if task.tagging else model_lib.BertForSequenceClassification
+    model = model_class(source.model_config, len(task.names))
     output_dir = fileio.join(workdir, FINETUNED_SUBDIR)
     _write_model_files(output_dir, task.names, source.model_config, tokenizer)
     train = config.train
@@ -307,8 +364,12 @@ def finetune(config, workdir: str) -> dict[str, float]:
         batch_sharding = sharding_lib.batch_sharding(mesh, rules)
         rows = sharding_lib.process_rows(batch_sharding, train.batch_size)
         train_step = jit_train_step(make_train_step(model, tx, schedule, rules), state_shardings, mesh, rules)
+        replicated = NamedSharding(mesh, PartitionSpec())  # every process holds the whole result
         eval_step = jax.jit(make_eval_step(model, rules), in_shardings=(state_shardings.params, batch_sharding),
-                            out_shardings=NamedSharding(mesh, PartitionSpec()))
+                            out_shardings=replicated)
+        predict_step = jax.jit(make_predict_step(model, rules), in_shardings=(state_shardings.params, batch_sharding),
+                               out_shardings=replicated)
+        predicted = None  # tagging: the last evaluation's tags, per held-out sentence and word
         # Loop.
         batches = finetune_data.train_batches(len(task.train_labels), train.batch_size, train.seed)
         monitor = divergence.Monitor(train.spike_factor, train.spike_window)
@@ -326,6 +387,10 @@ def finetune(config, workdir: str) -> dict[str, float]:
             if evaluate:
                 scalars.update(_evaluate(eval_step, state.params, task.eval_encoded, task.eval_labels,
                                          train.batch_size, batch_sharding, rows))
+                if task.tagging:
+                    predicted = _predict_tags(predict_step, state.params, task, train.batch_size, batch_sharding,
+                                              rows)
+                    scalars.update(_entity_scores(task.eval_sentences, predicted))
             logging.info("step %d/%d | %s", step, num_steps, " | ".join(f"{k} {v:.4g}" for k, v in scalars.items()))
             writer.write(step, scalars)
             last = dict(scalars, step=step)
@@ -338,7 +403,33 @@ def finetune(config, workdir: str) -> dict[str, float]:
                        force=True)
     writer.close()
     logging.info("fine-tuned parameters saved to %s (classes in %s)", output_dir, LABELS_FILE)
+    if predicted is not None and jax.process_index() == 0:
+        path = fileio.join(workdir, PREDICTIONS_FILE)
+        conll.write_predictions(path, task.eval_sentences, predicted)
+        logging.info("held-out predictions (token, gold tag, predicted tag) written to %s", path)
     return last
+
+
+def _predict_tags(predict_step, params, task: _Task, batch_size: int, batch_sharding, rows) -> list[list[str]]:
+    """The predicted tag of every word of the held-out sentences (read at each word's first piece)."""
+    blocks = []
+    for indices in finetune_data.ordered_batches(len(task.eval_labels), batch_size):
+        local = finetune_data.local_batch(task.eval_encoded, None, indices, rows)
+        blocks.append(np.asarray(predict_step(params, sharding_lib.make_global_batch(local, batch_sharding)))
+                      [indices >= 0])
+    per_word = conll.words_of_rows(task.eval_rows, task.eval_sentences, np.concatenate(blocks))
+    return [[task.names[label] for label in labels] for labels in per_word]
+
+
+def _entity_scores(sentences: list[conll.Sentence], predicted: list[list[str]]) -> dict[str, float]:
+    """Entity-level precision, recall and F1 as CoNLL's conlleval counts them (an entity counts only with its exact
+    span and type), by seqeval, over IOB2 forms of both tag sequences."""
+    from seqeval import metrics as seqeval_metrics  # pylint: disable=import-outside-toplevel
+    gold = [conll.to_iob2(sentence.tags) for sentence in sentences]
+    guess = [conll.to_iob2(tags) for tags in predicted]
+    return {"eval_precision": float(seqeval_metrics.precision_score(gold, guess, zero_division=0)),
+            "eval_recall": float(seqeval_metrics.recall_score(gold, guess, zero_division=0)),
+            "eval_f1": float(seqeval_metrics.f1_score(gold, guess, zero_division=0))}
 
 
 def _window_scalars(monitor, host: list[dict], step: int, output_dir: str) -> dict[str, float]:

@@ -213,19 +213,22 @@ def _validate_downstream(config, num_devices: int, process_count: int, mode: str
         fail("train.eval_every", "must be >= 0 (0: evaluate only at the end)")
     divergence.validate_config(train)
     validate_dropout_rng(train.dropout_rng)
-    if data.format not in finetune_data.FORMATS:
-        fail("data.format", f"choose one of {finetune_data.FORMATS}")
+    if data.max_seq_length > bert_config.max_position_embeddings:
+        raise ValueError(f"--config.data.max_seq_length={data.max_seq_length} exceeds the model's "
+                         f"max_position_embeddings={bert_config.max_position_embeddings}")
+    if not data.vocab_file:
+        fail("data.vocab_file", "set it to the vocab.txt / .model / tokenizer directory the model was trained with")
+    if data.format not in finetune_data.FORMATS + ("conll",):
+        fail("data.format", f"choose one of {finetune_data.FORMATS + ('conll',)}")
+    if data.format == "conll":  # token classification: words and tags, no columns
+        _validate_tagging(config, mode, fail)
+        return
     columns = finetune_data.split_names(data.text_columns)
     if not 1 <= len(columns) <= 2:
         fail("data.text_columns", "name one column (single sentence) or two, comma-separated (sentence pair)")
     if data.max_seq_length < len(columns) + 2:
         fail("data.max_seq_length", f"must leave room for at least one token besides [CLS]/[SEP] "
              f"(>= {len(columns) + 2})")
-    if data.max_seq_length > bert_config.max_position_embeddings:
-        raise ValueError(f"--config.data.max_seq_length={data.max_seq_length} exceeds the model's "
-                         f"max_position_embeddings={bert_config.max_position_embeddings}")
-    if not data.vocab_file:
-        fail("data.vocab_file", "set it to the vocab.txt / .model / tokenizer directory the model was trained with")
     if mode == "finetune":
         if not data.train_file:
             fail("data.train_file", "set a CSV/TSV file or tfds:NAME:SPLIT to fine-tune on")
@@ -239,6 +242,15 @@ def _validate_downstream(config, num_devices: int, process_count: int, mode: str
         if config.features.pooling == "last4" and bert_config.num_layers < 4:
             raise ValueError(f"--config.features.pooling='last4' needs at least 4 layers; the model has "
                              f"{bert_config.num_layers}. Fix: pooling cls or mean")
+
+
+def _validate_tagging(config, mode: str, fail) -> None:
+    if mode != "finetune":
+        fail("data.format", "--mode=features embeds texts (CSV/TSV/.txt/tfds), not CoNLL files")
+    if config.data.max_seq_length < 3:
+        fail("data.max_seq_length", "must leave room for a word besides [CLS] and [SEP] (>= 3)")
+    if not config.data.train_file:
+        fail("data.train_file", "set the CoNLL file (a token and its tag per line) to fine-tune on")
 
 
 def _check_files(config, mode: str) -> None:

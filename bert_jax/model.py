@@ -411,3 +411,20 @@ class BertForSequenceClassification(nn.Module):
         pooled = _pooler(config, x[:, 0])
         logits = _classifier(config, self.num_classes, "classifier")(_dropout(config, pooled, deterministic))
         return {"logits": logits, "pooled_output": pooled}
+
+
+class BertForTokenClassification(nn.Module):
+    """Encoder, dropout and a linear `classifier` on every token's vector: the BERT paper's tagging setup (NER).
+
+    Its parameters are BertModel's without the pooler, plus `classifier` (kernel [hidden, num_labels]), as
+    transformers' BertForTokenClassification. Returns `logits` ([batch, length, num_labels], float32).
+    """
+
+    config: BertConfig
+    num_labels: int
+
+    @nn.compact
+    def __call__(self, input_ids, input_mask, segment_ids, deterministic: bool = True) -> dict[str, Any]:
+        config = self.config
+        x, _, _ = _encode(config, input_ids, input_mask, segment_ids, deterministic)
+        return {"logits": _classifier(config, self.num_labels, "classifier")(_dropout(config, x, deterministic))}

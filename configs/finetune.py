@@ -1,9 +1,11 @@
-"""Fine-tuning (sentence / sentence-pair classification) and feature-extraction recipe.
+"""Fine-tuning (sentence / sentence-pair classification, token classification) and feature-extraction recipe.
 
 `--config=configs/finetune.py:size=base,task=sst2` picks a model preset and a task; override any field with
 `--config.optim.learning_rate=3e-5`. Tasks: `csv` (the default: your own CSV/TSV files, set data.train_file,
-data.eval_file and the column names) or a GLUE classification task read from TensorFlow Datasets (cola, sst2,
-mrpc, qqp, mnli, qnli, rte, wnli; prepared beforehand with `tfds build glue/TASK`, never downloaded here).
+data.eval_file and the column names), `conll` (token classification, e.g. NER: CoNLL files in data.train_file and
+data.eval_file; entity-level F1, and the predicted tags in WORKDIR/eval_predictions.txt) or a GLUE classification
+task read from TensorFlow Datasets (cola, sst2, mrpc, qqp, mnli, qnli, rte, wnli; prepared beforehand with
+`tfds build glue/TASK`, never downloaded here).
 Defaults: AdamW, batch 32, 10% warmup, dropout 0.1, and per preset the learning rate and epochs of RECIPES (the
 BERT paper's for base and large; larger steps for longer for the small presets).
 The config is locked, so a misspelt override is an error rather than a silently ignored flag.
@@ -49,8 +51,8 @@ def _parse_arg(arg):
     if options["size"] not in MODEL_PRESETS:
         raise ValueError(f"configs/finetune.py: unknown size {options['size']!r}; choose one of "
                          f"{list(MODEL_PRESETS)}")
-    if options["task"] != "csv" and options["task"] not in GLUE_TASKS:
-        raise ValueError(f"configs/finetune.py: unknown task {options['task']!r}; choose csv or one of "
+    if options["task"] not in ("csv", "conll") and options["task"] not in GLUE_TASKS:
+        raise ValueError(f"configs/finetune.py: unknown task {options['task']!r}; choose csv, conll or one of "
                          f"{list(GLUE_TASKS)}")
     return options
 
@@ -88,7 +90,9 @@ def get_config(arg=None):
     # Sources: a CSV (.csv) or TSV (.tsv) file with a header row, or "tfds:NAME[:VERSION]:SPLIT" (prepared only).
     data.train_file = ""  # training examples (local path, gs://, or tfds:NAME:SPLIT)
     data.eval_file = ""  # held-out examples for eval accuracy; empty = no evaluation
-    data.format = "auto"  # "csv", "tsv", "tfds", "txt" or "auto" (tfds: prefix, .tsv, .txt, otherwise csv)
+    # "csv", "tsv", "tfds", "txt" or "auto" (tfds: prefix, .tsv, .txt, otherwise csv): sentence classification;
+    # "conll" (task=conll): token classification, a token and its tag (last column) per line, IOB1 or IOB2 tags.
+    data.format = "auto"
     data.text_columns = "sentence"  # one column (single sentence) or two, comma-separated (sentence pair)
     data.label_column = "label"  # column with the class; strings or integers
     # Class names in id order; empty: the TFDS ClassLabel's names, else the training labels sorted (numerically
@@ -128,6 +132,8 @@ def get_config(arg=None):
     features.pooling = "cls"
     features.output = ""  # .npy path for the [num_texts, width] float32 array; empty: WORKDIR/features.npy
 
+    if options["task"] == "conll":
+        data.format = "conll"
     if options["task"] in GLUE_TASKS:
         name, columns, train_split, eval_split = GLUE_TASKS[options["task"]]
         data.train_file = f"tfds:{name}:{train_split}"

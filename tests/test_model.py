@@ -248,3 +248,57 @@ def test_step_matmul_flops_count_the_last_layer_at_the_head_rows_unless_scanned(
         12 * 768 * (768 + 3072 + 128))
     scanned = dataclasses.replace(config, scan_layers=True)
     assert metrics_lib.step_matmul_flops_per_sequence(scanned, 128, 20) == full
+
+
+def test_token_classification_logits_and_gradients_equal_transformers(tmp_path):
+    """From the same weights (transformers' BertForTokenClassification saved, its encoder imported, its classifier
+    copied), dropout off: the logits at every real position, and the gradients of the mean cross-entropy over
+    the labelled positions (-100 ignored, as both sides do), equal transformers' within 1e-4 of their scale."""
+    import torch  # pylint: disable=import-outside-toplevel
+    import transformers  # pylint: disable=import-outside-toplevel
+    from bert_jax.interop import huggingface  # pylint: disable=import-outside-toplevel
+    from bert_jax.data import conll  # pylint: disable=import-outside-toplevel
+    torch.manual_seed(0)
+    hf_config = transformers.BertConfig(vocab_size=300, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                        intermediate_size=128, max_position_embeddings=64, num_labels=5,
+                                        hidden_act="gelu")
+    theirs = transformers.BertForTokenClassification(hf_config).eval()
+    theirs.save_pretrained(str(tmp_path))
+    config, imported, report = huggingface.import_hf(str(tmp_path))
+    assert report.ignored == ["classifier.bias", "classifier.weight"]
+    state = theirs.state_dict()
+    params = {name: value for name, value in imported.items() if model_lib.is_encoder_parameter(name)
+              and name != "pooler"}
+    params["classifier"] = {"kernel": state["classifier.weight"].numpy().T, "bias": state["classifier.bias"].numpy()}
+    rng = np.random.default_rng(0)
+    ids = rng.integers(5, 300, (3, 20)).astype(np.int32)
+    mask = np.ones_like(ids)
+    mask[1, 12:], mask[2, 5:] = 0, 0
+    labels = np.where(mask == 1, rng.integers(0, 5, ids.shape), conll.IGNORE).astype(np.int32)
+    labels[:, 0] = conll.IGNORE
+    segments = np.zeros_like(ids)
+    model = model_lib.BertForTokenClassification(config, 5)
+
+    def loss_fn(params):
+        logits = model.apply({"params": params}, ids, mask, segments)["logits"]
+        scored = labels != conll.IGNORE
+        losses = -jnp.take_along_axis(jax.nn.log_softmax(logits), np.maximum(labels, 0)[..., None], -1)[..., 0]
+        return jnp.sum(losses * scored) / scored.sum(), logits
+
+    (loss, logits), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+    output = theirs(input_ids=torch.tensor(ids, dtype=torch.long), attention_mask=torch.tensor(mask),
+                    token_type_ids=torch.tensor(segments, dtype=torch.long), labels=torch.tensor(labels,
+                                                                                               dtype=torch.long))
+    output.loss.backward()
+    real = mask == 1
+    their_logits = output.logits.detach().numpy()
+    np.testing.assert_allclose(np.asarray(logits)[real], their_logits[real], atol=1e-4 * np.abs(their_logits).max())
+    assert float(loss) == pytest.approx(float(output.loss), rel=1e-5)
+    named = {name: parameter.grad.numpy() for name, parameter in theirs.named_parameters()}
+    pairs = [(grads["classifier"]["kernel"], named["classifier.weight"].T),
+             (grads["layer_1"]["output"]["kernel"], named["bert.encoder.layer.1.output.dense.weight"].T),
+             (grads["layer_0"]["attention"]["query"]["kernel"],
+              named["bert.encoder.layer.0.attention.self.query.weight"].T),
+             (grads["embeddings"]["word_embeddings"]["embedding"], named["bert.embeddings.word_embeddings.weight"])]
+    for ours, expected in pairs:
+        np.testing.assert_allclose(np.asarray(ours), expected, atol=1e-4 * np.abs(expected).max())

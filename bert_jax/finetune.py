@@ -497,3 +497,32 @@ def extract_features(config, workdir: str) -> str:
 def _write_json(path: str, value) -> None:
     with fileio.open_file(path, "w") as f:
         f.write(json.dumps(value, indent=2) + "\n")
+
+
+def export_finetuned(checkpoint: str, output: str, export_format: str = "hf") -> str:
+    """`--mode=export` of a fine-tuned directory (WORKDIR/finetuned): a HuggingFace directory that
+    AutoModelForTokenClassification or AutoModelForSequenceClassification loads, with its labels and tokenizer."""
+    if export_format != "hf":
+        raise ValueError(f"--export_format={export_format}: a fine-tuned classifier exports to 'hf' only (its "
+                         "directory is already bert_jax's own format, which --config.init reads)")
+    from bert_jax.interop import flax_files  # pylint: disable=import-outside-toplevel
+    from bert_jax.interop import huggingface  # pylint: disable=import-outside-toplevel
+    labels_path = fileio.join(checkpoint, LABELS_FILE)
+    if not fileio.exists(labels_path):
+        raise FileNotFoundError(f"--checkpoint={checkpoint} has no {LABELS_FILE}: with configs/finetune.py, "
+                                "--mode=export takes a fine-tuned directory (WORKDIR/finetuned)")
+    with fileio.open_file(labels_path) as file:
+        names = json.load(file)
+    model_config = flax_files.config_from_ours(fileio.join(checkpoint, init_architecture.RUN_MODEL_CONFIG))
+    saved = checkpoint_lib.state_metadata(str(checkpoint_lib.step_directory(checkpoint)))["train_state"]["params"]
+    tagging = "pooler" not in saved  # BertForTokenClassification has none
+    model_class = model_lib.BertForTokenClassification if tagging else model_lib.BertForSequenceClassification
+    model = model_class(model_config, len(names))
+    ids = jnp.zeros((1, 8), jnp.int32)
+    abstract = nn.meta.unbox(jax.eval_shape(lambda: model.init(jax.random.key(0), ids, ids, ids)))["params"]
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    params, _ = checkpoint_lib.restore_params(checkpoint, abstract, jax.tree.map(lambda _: device, abstract))
+    huggingface.export_hf_classifier(params, model_config, output, names, tokenization.load_tokenizer(checkpoint))
+    logging.info("%s classifier of %d labels exported for transformers", "token" if tagging else "sequence",
+                 len(names))
+    return output

@@ -47,6 +47,10 @@ def prepare(config, workdir: str, mode: str, command_line=()):
     if mode not in MODES:
         raise ValueError(f"mode={mode!r}: choose one of {MODES}")
     _check_workdir(workdir)
+    if mode == "export" and "features" in config:  # a fine-tuned directory: its own architecture and tokenizer
+        config = copy.deepcopy(config)
+        config.lock()
+        return config
     if ("features" in config) != (mode in DOWNSTREAM_MODES):  # configs/finetune.py alone has a features section
         raise ValueError(f"--config is {'not ' if mode in DOWNSTREAM_MODES else ''}the fine-tuning recipe but "
                          f"--mode={mode}: " + _RECIPES)

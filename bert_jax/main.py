@@ -30,7 +30,8 @@ flags.DEFINE_enum("mode", "train", job_config.MODES,
                   "finetune: sequence classification (with configs/finetune.py); features: embeddings to .npy "
                   "(with configs/finetune.py).")
 flags.DEFINE_string("checkpoint", "", "With --mode=eval/export: a checkpoint step directory, or a checkpoints "
-                    "directory (its latest step). Default: WORKDIR/checkpoints.")
+                    "directory (its latest step). Default: WORKDIR/checkpoints; with configs/finetune.py, "
+                    "WORKDIR/finetuned (a fine-tuned classifier, exported for transformers).")
 flags.DEFINE_enum("export_format", "hf", ["hf", "flax"], "With --mode=export: 'hf' (a directory transformers' "
                   "from_pretrained loads: config.json, model.safetensors, tokenizer files) or 'flax' (safetensors "
                   "of the parameter tree + our config).")
@@ -57,6 +58,10 @@ def main(argv):
         logging.info("glibc allocator: GLIBC_TUNABLES=%s", os.environ["GLIBC_TUNABLES"])
     if FLAGS.mode == "features":
         logging.info("features written to %s", finetune.extract_features(config, FLAGS.workdir))
+    elif FLAGS.mode == "export" and "features" in config:  # configs/finetune.py: a fine-tuned directory
+        logging.info("exported to %s", finetune.export_finetuned(
+            FLAGS.checkpoint or os.path.join(FLAGS.workdir, finetune.FINETUNED_SUBDIR),
+            FLAGS.output or os.path.join(FLAGS.workdir, "export", "hf"), FLAGS.export_format))
     elif FLAGS.mode == "export":
         logging.info("exported to %s", pretraining.export_checkpoint(config, FLAGS.workdir, FLAGS.checkpoint,
                                                                      FLAGS.export_format, FLAGS.output))

@@ -592,6 +592,8 @@ def test_the_readme_finetuning_example_learns_with_the_recipe_defaults(trained_r
     driver([*as_here(features_command), "--config.data.max_seq_length=32"])
     features = np.load(ft_dir / "features.npy")
     assert features.shape == (160, 128) and np.isfinite(features).all()
+    _assert_the_export_loads_in_transformers(driver, "configs/finetune.py", ft_dir, ["negative", "positive"],
+                                             ["the value is good", "a bad file name for the list"])
 
 
 @pytest.mark.filterwarnings(r"ignore:the load_module\(\) method is deprecated:DeprecationWarning")
@@ -617,6 +619,10 @@ def test_token_classification_learns_the_tagging_task_through_the_driver(tmp_pat
     correct = [line.split()[1] == line.split()[2] for line in lines if line]
     assert sum(correct) / len(correct) >= 0.95
 
+    _assert_the_export_loads_in_transformers(driver, "configs/finetune.py:task=conll", workdir,
+                                             ["B-MOD", "B-TYPE", "I-MOD", "O"], ["the int value of os path",
+                                                                                 "a dict from json"])
+
 
 def test_tagging_input_errors_name_the_file_and_the_fix(tmp_path):
     train, dev = tmp_path / "train.txt", tmp_path / "dev.txt"
@@ -632,3 +638,29 @@ def test_tagging_input_errors_name_the_file_and_the_fix(tmp_path):
     config.features.input_file = str(dev)
     with pytest.raises(ValueError, match=r"--mode=features embeds texts .*, not CoNLL files"):
         helpers.run_features(config, str(tmp_path / "work"))
+
+
+def _assert_the_export_loads_in_transformers(driver, recipe, workdir, labels, texts):
+    """--mode=export of WORKDIR/finetuned: transformers' Auto classes load it offline with the label names, and its
+    logits on `texts` equal ours from the fine-tuned parameters (real positions, within 1e-4 of their scale)."""
+    import torch  # pylint: disable=import-outside-toplevel
+    import transformers  # pylint: disable=import-outside-toplevel
+    driver(["--mode=export", f"--config={recipe}", f"--workdir={workdir}"])
+    exported, saved = workdir / "export" / "hf", workdir / finetune.FINETUNED_SUBDIR
+    tagging = "task=conll" in recipe
+    auto = transformers.AutoModelForTokenClassification if tagging else transformers.AutoModelForSequenceClassification
+    theirs = auto.from_pretrained(str(exported), local_files_only=True).eval()
+    assert theirs.config.id2label == dict(enumerate(labels))
+    inputs = transformers.AutoTokenizer.from_pretrained(str(exported), local_files_only=True)(
+        texts, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        expected = theirs(**inputs).logits.numpy()
+    model_class = model_lib.BertForTokenClassification if tagging else model_lib.BertForSequenceClassification
+    model = model_class(flax_files.config_from_ours(str(saved / init_architecture.RUN_MODEL_CONFIG)), len(labels))
+    ids, mask = inputs["input_ids"].numpy(), inputs["attention_mask"].numpy()
+    abstract = nn.meta.unbox(jax.eval_shape(lambda: model.init(jax.random.key(0), ids, ids, ids)))["params"]
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    params, _ = checkpoint_lib.restore_params(str(saved), abstract, jax.tree.map(lambda _: device, abstract))
+    ours = np.asarray(model.apply({"params": params}, ids, mask, inputs["token_type_ids"].numpy())["logits"])
+    real = mask == 1 if tagging else np.ones(len(texts), bool)
+    np.testing.assert_allclose(ours[real], expected[real], atol=1e-4 * np.abs(expected).max())

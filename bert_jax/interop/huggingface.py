@@ -139,6 +139,41 @@ def export_hf(params, bert_config: model_lib.BertConfig, output_dir: str, tokeni
     return output_dir
 
 
+def export_hf_classifier(params, bert_config: model_lib.BertConfig, output_dir: str, label_names: list[str],
+                         tokenizer) -> str:
+    """A fine-tuned classifier as a directory transformers' AutoModelForTokenClassification (params without a
+    pooler: bert_jax's BertForTokenClassification) or AutoModelForSequenceClassification loads offline, with the
+    label map (config.json's id2label / label2id) and `tokenizer`'s files. Returns output_dir."""
+    flat = layout.host_params(params)
+    token = not any(path.startswith("pooler/") for path in flat)
+    kernel = flat.get("classifier/kernel")
+    if kernel is None or kernel.shape[1] != len(label_names):
+        raise ValueError(f"export_hf_classifier: the parameters have no classifier for {len(label_names)} labels "
+                         f"(classifier/kernel: {None if kernel is None else kernel.shape}). Fix: pass a fine-tuned "
+                         "model's parameters and its labels.json")
+    tokenizer = layout.as_tokenizer(tokenizer)
+    if tokenizer.kind != "wordpiece":
+        raise ValueError(f"export_hf_classifier: the tokenizer is {tokenizer.kind}; only a WordPiece vocab is written "
+                         "as an HF tokenizer (see export_hf)")
+    if jax.process_index() != 0:
+        return output_dir
+    os.makedirs(output_dir, exist_ok=True)
+    tensors = {"classifier.weight": np.ascontiguousarray(kernel.T), "classifier.bias": flat["classifier/bias"]}
+    for ours, hf, _, hf_transposed, _ in layout.name_table(bert_config.num_layers):
+        if ours.split("/")[0] in layout.HEADS and not (ours.startswith("pooler/") and not token):
+            continue
+        value = flat[ours][:tokenizer.vocab_size] if ours == layout.VOCAB_ROWS[0] else flat[ours]
+        tensors[hf] = np.ascontiguousarray(value.T if hf_transposed else value)
+    safetensors_numpy.save_file(tensors, os.path.join(output_dir, HF_WEIGHTS), metadata={"format": "pt"})
+    config = hf_config(bert_config, tokenizer.vocab_size, tokenizer.pad_id)
+    config["architectures"] = ["BertForTokenClassification" if token else "BertForSequenceClassification"]
+    config["id2label"] = {str(index): name for index, name in enumerate(label_names)}
+    config["label2id"] = {name: index for index, name in enumerate(label_names)}
+    layout.write_json(os.path.join(output_dir, HF_CONFIG), config)
+    _export_hf_tokenizer(tokenizer, output_dir, bert_config.max_position_embeddings)
+    return output_dir
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Import.
 

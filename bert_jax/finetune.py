@@ -412,13 +412,19 @@ def finetune(config, workdir: str) -> dict[str, float]:
 
 def _predict_tags(predict_step, params, task: _Task, batch_size: int, batch_sharding, rows) -> list[list[str]]:
     """The predicted tag of every word of the held-out sentences (read at each word's first piece)."""
-    blocks = []
-    for indices in finetune_data.ordered_batches(len(task.eval_labels), batch_size):
-        local = finetune_data.local_batch(task.eval_encoded, None, indices, rows)
-        blocks.append(np.asarray(predict_step(params, sharding_lib.make_global_batch(local, batch_sharding)))
-                      [indices >= 0])
-    per_word = conll.words_of_rows(task.eval_rows, task.eval_sentences, np.concatenate(blocks))
+    predicted = _in_order(predict_step, params, task.eval_encoded, batch_size, batch_sharding, rows)
+    per_word = conll.words_of_rows(task.eval_rows, task.eval_sentences, predicted)
     return [[task.names[label] for label in labels] for labels in per_word]
+
+
+def _in_order(step, params, encoded: dict, batch_size: int, batch_sharding, rows) -> np.ndarray:
+    """`step(params, batch)` over every row of `encoded` once, in order; its replicated outputs concatenated (the
+    padding rows of the last batch dropped)."""
+    blocks = []
+    for indices in finetune_data.ordered_batches(len(encoded["input_ids"]), batch_size):
+        local = finetune_data.local_batch(encoded, None, indices, rows)
+        blocks.append(np.asarray(step(params, sharding_lib.make_global_batch(local, batch_sharding)))[indices >= 0])
+    return np.concatenate(blocks)
 
 
 def _entity_scores(sentences: list[conll.Sentence], predicted: list[list[str]]) -> dict[str, float]:
@@ -464,7 +470,6 @@ def extract_features(config, workdir: str) -> str:
     examples = finetune_data.read_examples(config.features.input_file, config.data, with_labels=False,
                                            field="features.input_file")
     encoded = finetune_data.encode_examples(tokenizer, examples, config.data.max_seq_length)
-    count = len(encoded["input_ids"])
     model = model_lib.BertModel(source.model_config)
     batch_size = config.train.batch_size
     output = config.features.output or fileio.join(workdir, "features.npy")
@@ -477,20 +482,15 @@ def extract_features(config, workdir: str) -> str:
         # Replicated output: every process holds the whole [batch, width] block, so process 0 writes all rows.
         step = jax.jit(make_features_step(model, rules, config.features.pooling),
                        in_shardings=(shardings, batch_sharding), out_shardings=NamedSharding(mesh, PartitionSpec()))
-        blocks = []
-        for indices in finetune_data.ordered_batches(count, batch_size):
-            local = finetune_data.local_batch(encoded, None, indices, rows)
-            batch = sharding_lib.make_global_batch(local, batch_sharding)
-            blocks.append(np.asarray(step(params, batch))[indices >= 0])  # padding rows of the last batch dropped
-    features = np.concatenate(blocks)
+        features = _in_order(step, params, encoded, batch_size, batch_sharding, rows)
     if jax.process_index() == 0:
         directory = os.path.dirname(output) if not fileio.is_remote(output) else output.rsplit("/", 1)[0]
         if directory:
             fileio.makedirs(directory)
         with fileio.open_file(output, "wb") as f:
             np.save(f, features)
-    logging.info("features (%s pooling) of %d texts from %s: %s %s -> %s", config.features.pooling, count,
-                 examples.source, features.shape, features.dtype, output)
+    logging.info("features (%s pooling) of %d texts from %s: %s %s -> %s", config.features.pooling,
+                 len(features), examples.source, features.shape, features.dtype, output)
     return output
 
 
@@ -499,14 +499,18 @@ def _write_json(path: str, value) -> None:
         f.write(json.dumps(value, indent=2) + "\n")
 
 
-def export_finetuned(checkpoint: str, output: str, export_format: str = "hf") -> str:
-    """`--mode=export` of a fine-tuned directory (WORKDIR/finetuned): a HuggingFace directory that
-    AutoModelForTokenClassification or AutoModelForSequenceClassification loads, with its labels and tokenizer."""
+def export_finetuned(workdir: str, checkpoint: str = "", export_format: str = "hf", output: str = "") -> str:
+    """`--mode=export` with configs/finetune.py: a fine-tuned directory (default WORKDIR/finetuned) as a HuggingFace
+    directory (default WORKDIR/export/hf) that AutoModelForTokenClassification or AutoModelForSequenceClassification
+    loads, with its labels and tokenizer."""
+    from bert_jax.interop import export  # pylint: disable=import-outside-toplevel
+    from bert_jax.interop import flax_files  # pylint: disable=import-outside-toplevel
+    from bert_jax.interop import huggingface  # pylint: disable=import-outside-toplevel
     if export_format != "hf":
         raise ValueError(f"--export_format={export_format}: a fine-tuned classifier exports to 'hf' only (its "
                          "directory is already bert_jax's own format, which --config.init reads)")
-    from bert_jax.interop import flax_files  # pylint: disable=import-outside-toplevel
-    from bert_jax.interop import huggingface  # pylint: disable=import-outside-toplevel
+    checkpoint = checkpoint or fileio.join(workdir, FINETUNED_SUBDIR)
+    output = output or fileio.join(fileio.join(workdir, "export"), export_format)
     labels_path = fileio.join(checkpoint, LABELS_FILE)
     if not fileio.exists(labels_path):
         raise FileNotFoundError(f"--checkpoint={checkpoint} has no {LABELS_FILE}: with configs/finetune.py, "
@@ -517,11 +521,8 @@ def export_finetuned(checkpoint: str, output: str, export_format: str = "hf") ->
     saved = checkpoint_lib.state_metadata(str(checkpoint_lib.step_directory(checkpoint)))["train_state"]["params"]
     tagging = "pooler" not in saved  # BertForTokenClassification has none
     model_class = model_lib.BertForTokenClassification if tagging else model_lib.BertForSequenceClassification
-    model = model_class(model_config, len(names))
-    ids = jnp.zeros((1, 8), jnp.int32)
-    abstract = nn.meta.unbox(jax.eval_shape(lambda: model.init(jax.random.key(0), ids, ids, ids)))["params"]
-    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-    params, _ = checkpoint_lib.restore_params(checkpoint, abstract, jax.tree.map(lambda _: device, abstract))
+    ids = np.zeros((1, 8), np.int32)
+    params = export.restore_model_params(checkpoint, model_class(model_config, len(names)), ids, ids, ids)
     huggingface.export_hf_classifier(params, model_config, output, names, tokenization.load_tokenizer(checkpoint))
     logging.info("%s classifier of %d labels exported for transformers", "token" if tagging else "sequence",
                  len(names))

@@ -47,11 +47,11 @@ def prepare(config, workdir: str, mode: str, command_line=()):
     if mode not in MODES:
         raise ValueError(f"mode={mode!r}: choose one of {MODES}")
     _check_workdir(workdir)
-    if mode == "export" and "features" in config:  # a fine-tuned directory: its own architecture and tokenizer
+    if mode == "export" and is_finetuning_recipe(config):  # a fine-tuned directory: its own architecture, tokenizer
         config = copy.deepcopy(config)
         config.lock()
         return config
-    if ("features" in config) != (mode in DOWNSTREAM_MODES):  # configs/finetune.py alone has a features section
+    if is_finetuning_recipe(config) != (mode in DOWNSTREAM_MODES):
         raise ValueError(f"--config is {'not ' if mode in DOWNSTREAM_MODES else ''}the fine-tuning recipe but "
                          f"--mode={mode}: " + _RECIPES)
     try:
@@ -66,6 +66,11 @@ def prepare(config, workdir: str, mode: str, command_line=()):
     _check_files(config, mode)
     config.lock()
     return config
+
+
+def is_finetuning_recipe(config) -> bool:
+    """configs/finetune.py's config (it alone has a features section), not configs/pretrain.py's."""
+    return "features" in config
 
 
 def validate(config, mode: str, num_devices: int | None = None, process_count: int | None = None) -> None:

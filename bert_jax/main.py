@@ -4,6 +4,7 @@ The same command runs on a laptop CPU, a GPU cluster (one process per host or pe
 TPU pod slice; see launch/ for the per-platform wrappers.
 """
 
+import functools
 import os
 import sys
 
@@ -58,13 +59,10 @@ def main(argv):
         logging.info("glibc allocator: GLIBC_TUNABLES=%s", os.environ["GLIBC_TUNABLES"])
     if FLAGS.mode == "features":
         logging.info("features written to %s", finetune.extract_features(config, FLAGS.workdir))
-    elif FLAGS.mode == "export" and "features" in config:  # configs/finetune.py: a fine-tuned directory
-        logging.info("exported to %s", finetune.export_finetuned(
-            FLAGS.checkpoint or os.path.join(FLAGS.workdir, finetune.FINETUNED_SUBDIR),
-            FLAGS.output or os.path.join(FLAGS.workdir, "export", "hf"), FLAGS.export_format))
     elif FLAGS.mode == "export":
-        logging.info("exported to %s", pretraining.export_checkpoint(config, FLAGS.workdir, FLAGS.checkpoint,
-                                                                     FLAGS.export_format, FLAGS.output))
+        export = finetune.export_finetuned if job_config.is_finetuning_recipe(config) else functools.partial(
+            pretraining.export_checkpoint, config)
+        logging.info("exported to %s", export(FLAGS.workdir, FLAGS.checkpoint, FLAGS.export_format, FLAGS.output))
     elif FLAGS.mode == "finetune":
         _log_results(finetune.finetune(config, FLAGS.workdir))
     elif FLAGS.mode == "eval":

@@ -60,7 +60,8 @@ def test_first_piece_carries_the_label_and_long_sentences_continue_in_the_next_r
     assert rows.input_mask[0].sum() == 8 and len(rows.sentence) == 1
     # Four pieces per row at most: split between words, every word still labelled once, nothing dropped.
     split = conll.encode(tokenizer, [sentence], labels, max_seq_length=6)
-    assert split.sentence.tolist() == [0, 0] and split.first_word.tolist() == [0, 2]
+    assert split.sentence.tolist() == [0, 0]
+    assert split.input_ids[1, 1:4].tolist() == [*pieces[2], *pieces[3], tokenizer.sep_id]  # row 2 starts at word 3
     assert split.labels[0].tolist() == [ignore, 0, 1, ignore, ignore, ignore]
     assert split.labels[1, :4].tolist() == [ignore, 2, 0, ignore]
     words_back = conll.words_of_rows(split, [sentence], split.labels)

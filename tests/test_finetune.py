@@ -17,6 +17,7 @@ import pytest
 
 from bert_jax import checkpoint as checkpoint_lib
 from bert_jax import divergence
+from bert_jax.interop import export
 from bert_jax.interop import flax_files
 from bert_jax import finetune
 from bert_jax import model as model_lib
@@ -658,9 +659,7 @@ def _assert_the_export_loads_in_transformers(driver, recipe, workdir, labels, te
     model_class = model_lib.BertForTokenClassification if tagging else model_lib.BertForSequenceClassification
     model = model_class(flax_files.config_from_ours(str(saved / init_architecture.RUN_MODEL_CONFIG)), len(labels))
     ids, mask = inputs["input_ids"].numpy(), inputs["attention_mask"].numpy()
-    abstract = nn.meta.unbox(jax.eval_shape(lambda: model.init(jax.random.key(0), ids, ids, ids)))["params"]
-    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-    params, _ = checkpoint_lib.restore_params(str(saved), abstract, jax.tree.map(lambda _: device, abstract))
+    params = export.restore_model_params(str(saved), model, ids, ids, ids)
     ours = np.asarray(model.apply({"params": params}, ids, mask, inputs["token_type_ids"].numpy())["logits"])
     real = mask == 1 if tagging else np.ones(len(texts), bool)
     np.testing.assert_allclose(ours[real], expected[real], atol=1e-4 * np.abs(expected).max())

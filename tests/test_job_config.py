@@ -1,5 +1,7 @@
 """bert_jax.job_config: the config a job runs, resolved, prepared and checked once, with errors naming the flag."""
 
+import re
+
 import pytest
 
 from bert_jax import job_config
@@ -49,26 +51,17 @@ def test_the_other_recipe_is_named(tmp_path, mode, recipe):
     ("optim.optimizer", "sgd", "--config.optim.optimizer='sgd'"),
     ("optim.warmup_steps", -1, "--config.optim.warmup_steps=-1"),
     ("mesh.tensor", 3, "--config.mesh"),
-])
-def test_bad_config_is_refused_naming_the_field(field, value, message):
-    config = helpers.tiny_config((8, 1, 1))
-    section, name = field.split(".")
-    config[section][name] = value
-    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace("[", r"\[")):
-        job_config.validate(config, "train", 8)
-
-
-@pytest.mark.parametrize("field, value, message", [
+    # The divergence detector's and the rewinds' settings.
     ("train.spike_factor", 0.5, "must be above 1"),
     ("train.spike_window", 0, "must be at least 1"),
     ("checkpoint.skip_batches", 3, "needs --config.checkpoint.restore_step=STEP"),
     ("checkpoint.max_rewinds", -1, "--config.checkpoint.max_rewinds=-1: must be >= 0"),
 ])
-def test_divergence_settings_are_checked_naming_the_field(field, value, message):
-    config = helpers.tiny_config((-1, 1, 1))
+def test_bad_config_is_refused_naming_the_field(field, value, message):
+    config = helpers.tiny_config((8, 1, 1))
     section, name = field.split(".")
     config[section][name] = value
-    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(ValueError, match=re.escape(message)):
         job_config.validate(config, "train", 8)
 
 

@@ -66,24 +66,22 @@ def to_iob2(tags: list[str]) -> list[str]:
 @dataclasses.dataclass
 class Rows:
     """Model inputs [rows, max_seq_length], with `labels` (IGNORE where nothing is scored) and, for each row, the
-    sentence it comes from and the index of its first word."""
+    sentence it comes from."""
     input_ids: np.ndarray
     input_mask: np.ndarray
     segment_ids: np.ndarray
     labels: np.ndarray
     sentence: np.ndarray
-    first_word: np.ndarray
 
     def arrays(self) -> dict[str, np.ndarray]:
         return {"input_ids": self.input_ids, "input_mask": self.input_mask, "segment_ids": self.segment_ids}
 
 
-def encode(tokenizer, sentences: list[Sentence], label_ids: dict[str, int] | None, max_seq_length: int) -> Rows:
-    """[CLS] pieces [SEP] rows; each word's first piece carries its label (label_ids[tag]; 0 without label_ids, for
-    prediction). A word that tokenizes to nothing (a control character, say) becomes [UNK], so it is still tagged.
+def encode(tokenizer, sentences: list[Sentence], label_ids: dict[str, int], max_seq_length: int) -> Rows:
+    """[CLS] pieces [SEP] rows; each word's first piece carries its label (label_ids[tag]). A word that tokenizes to nothing (a control character, say) becomes [UNK], so it is still tagged.
     Sentences with more pieces than a row holds continue in the next row, split between words."""
     room = max_seq_length - 2
-    rows: list[tuple[list[int], list[int], int, int]] = []  # (ids, labels, sentence, first word)
+    rows: list[tuple[list[int], list[int], int]] = []  # (ids, labels, sentence)
     for index, sentence in enumerate(sentences):
         pieces = [ids or [tokenizer.unk_id] for ids in tokenizer.encode_batch(sentence.words)]
         too_long = [word for word, ids in zip(sentence.words, pieces) if len(ids) > room]
@@ -91,24 +89,24 @@ def encode(tokenizer, sentences: list[Sentence], label_ids: dict[str, int] | Non
             raise ValueError(f"line {sentence.line + sentence.words.index(too_long[0])}: the word {too_long[0]!r} "
                              f"has more WordPieces than data.max_seq_length={max_seq_length} holds. Fix: a larger "
                              "--config.data.max_seq_length")
-        ids, labels, first = [], [], 0
-        for position, (word_ids, tag) in enumerate(zip(pieces, sentence.tags)):
+        ids, labels = [], []
+        for word_ids, tag in zip(pieces, sentence.tags):
             if len(ids) + len(word_ids) > room:
-                rows.append((ids, labels, index, first))
-                ids, labels, first = [], [], position
+                rows.append((ids, labels, index))
+                ids, labels = [], []
             ids += word_ids
-            labels += [label_ids[tag] if label_ids is not None else 0] + [IGNORE] * (len(word_ids) - 1)
-        rows.append((ids, labels, index, first))
+            labels += [label_ids[tag]] + [IGNORE] * (len(word_ids) - 1)
+        rows.append((ids, labels, index))
     count = len(rows)
     input_ids = np.full((count, max_seq_length), tokenizer.pad_id, np.int32)
     input_mask = np.zeros((count, max_seq_length), np.int32)
     label_array = np.full((count, max_seq_length), IGNORE, np.int32)
-    for row, (ids, labels, _, _) in enumerate(rows):
+    for row, (ids, labels, _) in enumerate(rows):
         input_ids[row, :len(ids) + 2] = [tokenizer.cls_id, *ids, tokenizer.sep_id]
         input_mask[row, :len(ids) + 2] = 1
         label_array[row, 1:len(ids) + 1] = labels
     return Rows(input_ids, input_mask, np.zeros_like(input_ids), label_array,
-                np.array([row[2] for row in rows], np.int64), np.array([row[3] for row in rows], np.int64))
+                np.array([row[2] for row in rows], np.int64))
 
 
 def words_of_rows(rows: Rows, sentences: list[Sentence], row_values: np.ndarray) -> list[list]:

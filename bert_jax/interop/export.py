@@ -16,15 +16,19 @@ from bert_jax.interop import huggingface
 from bert_jax.interop import layout
 
 
-def restore_checkpoint_params(checkpoint: str, bert_config: model_lib.BertConfig) -> dict:
-    """The parameters of one of our Orbax checkpoints (a step or checkpoints directory), on this host's first
-    device, for exporting from a single process."""
+def restore_model_params(checkpoint: str, model: nn.Module, *inputs) -> dict:
+    """`model`'s parameters from one of our Orbax checkpoints (a step, checkpoints or fine-tuned directory), on this
+    host's first device, for exporting from a single process. `inputs`: any inputs `model.init` accepts."""
     from bert_jax import checkpoint as checkpoint_lib  # pylint: disable=import-outside-toplevel
-    abstract = nn.meta.unbox(jax.eval_shape(
-        lambda: model_lib.BertForPreTraining(bert_config).init(jax.random.key(0), *layout.dummy_inputs())))["params"]
+    abstract = nn.meta.unbox(jax.eval_shape(lambda: model.init(jax.random.key(0), *inputs)))["params"]
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     params, _ = checkpoint_lib.restore_params(checkpoint, abstract, jax.tree.map(lambda _: device, abstract))
     return params
+
+
+def restore_checkpoint_params(checkpoint: str, bert_config: model_lib.BertConfig) -> dict:
+    """A pretraining checkpoint's BertForPreTraining parameters (restore_model_params)."""
+    return restore_model_params(checkpoint, model_lib.BertForPreTraining(bert_config), *layout.dummy_inputs())
 
 
 def export_checkpoint(checkpoint: str, bert_config: model_lib.BertConfig, output_dir: str, *, tokenizer=None,

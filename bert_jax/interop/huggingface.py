@@ -110,13 +110,9 @@ def export_hf(params, bert_config: model_lib.BertConfig, output_dir: str, tokeni
     flat = layout.host_params(params)
     layout.check_params(flat, bert_config, "export_hf")
     tokenizer = layout.as_tokenizer(tokenizer)
-    if tokenizer is not None and tokenizer.kind != "wordpiece":
-        # transformers' SentencePiece tokenizer for BERT-likes (AlbertTokenizer) normalises quotes and accents its
-        # own way: on the same .model it gave other ids than ours, so the exported model would see other inputs.
-        raise ValueError(f"export_hf: the tokenizer is {tokenizer.kind}; only a WordPiece vocab is written as an HF "
-                         "tokenizer (one that transformers reproduces token for token). Fix: pass tokenizer=None "
-                         "and tokenizer_vocab_size=<its vocab_size>, and ship the SentencePiece model "
-                         "(Tokenizer.save) beside the weights, or use export_flax(..., tokenizer=...)")
+    _require_wordpiece(tokenizer, "export_hf", "pass tokenizer=None and tokenizer_vocab_size=<its vocab_size>, "
+                       "and ship the SentencePiece model (Tokenizer.save) beside the weights, or use "
+                       "export_flax(..., tokenizer=...)")
     vocab_size = tokenizer.vocab_size if tokenizer is not None else tokenizer_vocab_size or bert_config.vocab_size
     if tokenizer is not None and tokenizer_vocab_size not in (None, tokenizer.vocab_size):
         raise ValueError(f"export_hf: tokenizer_vocab_size={tokenizer_vocab_size} but the tokenizer has "
@@ -139,6 +135,14 @@ def export_hf(params, bert_config: model_lib.BertConfig, output_dir: str, tokeni
     return output_dir
 
 
+def _require_wordpiece(tokenizer, caller: str, fix: str) -> None:
+    if tokenizer is not None and tokenizer.kind != "wordpiece":
+        # transformers' SentencePiece tokenizer for BERT-likes (AlbertTokenizer) normalises quotes and accents its
+        # own way: on the same .model it gave other ids than ours, so the exported model would see other inputs.
+        raise ValueError(f"{caller}: the tokenizer is {tokenizer.kind}; only a WordPiece vocab is written as an HF "
+                         f"tokenizer (one that transformers reproduces token for token). Fix: {fix}")
+
+
 def export_hf_classifier(params, bert_config: model_lib.BertConfig, output_dir: str, label_names: list[str],
                          tokenizer) -> str:
     """A fine-tuned classifier as a directory transformers' AutoModelForTokenClassification (params without a
@@ -152,9 +156,8 @@ def export_hf_classifier(params, bert_config: model_lib.BertConfig, output_dir: 
                          f"(classifier/kernel: {None if kernel is None else kernel.shape}). Fix: pass a fine-tuned "
                          "model's parameters and its labels.json")
     tokenizer = layout.as_tokenizer(tokenizer)
-    if tokenizer.kind != "wordpiece":
-        raise ValueError(f"export_hf_classifier: the tokenizer is {tokenizer.kind}; only a WordPiece vocab is written "
-                         "as an HF tokenizer (see export_hf)")
+    _require_wordpiece(tokenizer, "export_hf_classifier", "a model fine-tuned with a SentencePiece tokenizer stays in "
+                       "bert_jax's format (WORKDIR/finetuned, which --config.init reads)")
     if jax.process_index() != 0:
         return output_dir
     os.makedirs(output_dir, exist_ok=True)

@@ -428,3 +428,21 @@ class BertForTokenClassification(nn.Module):
         config = self.config
         x, _, _ = _encode(config, input_ids, input_mask, segment_ids, deterministic)
         return {"logits": _classifier(config, self.num_labels, "classifier")(_dropout(config, x, deterministic))}
+
+
+class BertForQuestionAnswering(nn.Module):
+    """Encoder and a linear `qa_outputs` layer giving each token a start and an end score: the BERT paper's SQuAD
+    setup (no dropout on the scores, as the original run_squad.py and transformers' BertForQuestionAnswering).
+
+    Its parameters are BertModel's without the pooler, plus `qa_outputs` (kernel [hidden, 2]: start, end).
+    Returns `logits` ([batch, 2, length], float32: the start scores, then the end scores, so that a cross-entropy
+    over the last axis against [batch, 2] positions is the paper's loss), `start_logits` and `end_logits`.
+    """
+
+    config: BertConfig
+
+    @nn.compact
+    def __call__(self, input_ids, input_mask, segment_ids, deterministic: bool = True) -> dict[str, Any]:
+        x, _, _ = _encode(self.config, input_ids, input_mask, segment_ids, deterministic)
+        scores = _classifier(self.config, 2, "qa_outputs")(x)
+        return {"logits": jnp.swapaxes(scores, 1, 2), "start_logits": scores[..., 0], "end_logits": scores[..., 1]}

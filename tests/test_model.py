@@ -2,6 +2,7 @@
 config validation, FLOPs formulas."""
 
 import dataclasses
+import functools
 
 import flax.linen as nn
 import jax
@@ -253,7 +254,8 @@ def test_step_matmul_flops_count_the_last_layer_at_the_head_rows_unless_scanned(
 def test_token_classification_logits_and_gradients_equal_transformers(tmp_path):
     """From the same weights (transformers' BertForTokenClassification saved, its encoder imported, its classifier
     copied), dropout off: the logits at every real position, and the gradients of the mean cross-entropy over
-    the labelled positions (-100 ignored, as both sides do), equal transformers' within 1e-4 of their scale."""
+    the labelled positions (-100 ignored, as both sides do), equal transformers' within 1e-4 of their scale; one
+    fine-tuning step moves the parameters as transformers' with torch's AdamW."""
     import torch  # pylint: disable=import-outside-toplevel
     import transformers  # pylint: disable=import-outside-toplevel
     from bert_jax.interop import huggingface  # pylint: disable=import-outside-toplevel
@@ -302,3 +304,102 @@ def test_token_classification_logits_and_gradients_equal_transformers(tmp_path):
              (grads["embeddings"]["word_embeddings"]["embedding"], named["bert.embeddings.word_embeddings.weight"])]
     for ours, expected in pairs:
         np.testing.assert_allclose(np.asarray(ours), expected, atol=1e-4 * np.abs(expected).max())
+    no_dropout = dataclasses.replace(config, dropout_rate=0.0, attention_dropout_rate=0.0)  # theirs is in eval()
+    batch = {"input_ids": ids, "input_mask": mask, "segment_ids": segments, "label_ids": labels,
+             "weights": np.ones(3, np.float32)}
+    _one_finetuning_step_equals_torch(
+        model_lib.BertForTokenClassification(no_dropout, 5), jax.tree.map(jnp.asarray, params), batch, theirs,
+        lambda: theirs(input_ids=torch.tensor(ids, dtype=torch.long), attention_mask=torch.tensor(mask),
+                       token_type_ids=torch.tensor(segments, dtype=torch.long),
+                       labels=torch.tensor(labels, dtype=torch.long)).loss,
+        [("classifier/kernel", "classifier.weight", True),
+         ("layer_1/output/kernel", "bert.encoder.layer.1.output.dense.weight", True),
+         ("layer_0/attention/query/kernel", "bert.encoder.layer.0.attention.self.query.weight", True),
+         ("embeddings/word_embeddings/embedding", "bert.embeddings.word_embeddings.weight", False)])
+
+
+def _one_finetuning_step_equals_torch(model, params, batch, theirs, their_loss, pairs, learning_rate=1e-3):
+    """One step of bert_jax's fine-tuning train step (the recipe's AdamW: weight decay on matrices only, clipping
+    at global norm 1) moves the parameters as torch's AdamW with the same groups and clipping moves transformers'."""
+    import torch  # pylint: disable=import-outside-toplevel
+    from bert_jax import finetune, optim, train  # pylint: disable=import-outside-toplevel
+    from configs import finetune as finetune_recipe  # pylint: disable=import-outside-toplevel
+    optim_config = finetune_recipe.get_config().optim
+    optim_config.learning_rate, optim_config.warmup_steps = learning_rate, 0
+    tx, schedule = optim.create_optimizer(optim_config, 10)
+    state = train.TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
+    step = jax.jit(finetune.make_train_step(model, tx, schedule, ()))
+    state, _ = step(state, batch, jax.random.key(0))
+    named = dict(theirs.named_parameters())
+    before = {name: value.detach().numpy().copy() for name, value in named.items()}
+    groups = [{"params": [p for p in named.values() if p.ndim > 1], "weight_decay": optim_config.weight_decay},
+              {"params": [p for p in named.values() if p.ndim <= 1], "weight_decay": 0.0}]
+    optimizer = torch.optim.AdamW(groups, lr=learning_rate, betas=(optim_config.b1, optim_config.b2),
+                                  eps=optim_config.eps)
+    theirs.zero_grad()
+    their_loss().backward()
+    torch.nn.utils.clip_grad_norm_(theirs.parameters(), optim_config.max_grad_norm)
+    optimizer.step()
+    for path, name, transpose in pairs:
+        ours = np.asarray(functools.reduce(lambda tree, key: tree[key], path.split("/"), state.params))
+        expected = named[name].detach().numpy()
+        ours_moved = ours - (before[name].T if transpose else before[name])
+        their_moved = (expected - before[name]).T if transpose else expected - before[name]
+        assert np.abs(their_moved).max() > 0.5 * learning_rate, name  # Adam's first step moves by about lr
+        np.testing.assert_allclose(ours_moved, their_moved, atol=1e-2 * learning_rate, err_msg=name)
+
+
+def test_question_answering_logits_loss_and_one_training_step_equal_transformers(tmp_path):
+    """From the same weights (transformers' BertForQuestionAnswering saved, its encoder imported, qa_outputs
+    copied), dropout off: start and end logits at every real position, the loss ((start + end cross-entropy) / 2),
+    and one fine-tuning step of each side's AdamW equal transformers'."""
+    import torch  # pylint: disable=import-outside-toplevel
+    import transformers  # pylint: disable=import-outside-toplevel
+    from bert_jax.interop import huggingface  # pylint: disable=import-outside-toplevel
+    torch.manual_seed(0)
+    hf_config = transformers.BertConfig(vocab_size=300, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                        intermediate_size=128, max_position_embeddings=64, hidden_act="gelu",
+                                        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    theirs = transformers.BertForQuestionAnswering(hf_config).eval()
+    theirs.save_pretrained(str(tmp_path))
+    config, imported, report = huggingface.import_hf(str(tmp_path))
+    assert report.ignored == ["qa_outputs.bias", "qa_outputs.weight"]
+    state = theirs.state_dict()
+    params = {name: value for name, value in imported.items() if model_lib.is_encoder_parameter(name)
+              and name != "pooler"}
+    params["qa_outputs"] = {"kernel": state["qa_outputs.weight"].numpy().T, "bias": state["qa_outputs.bias"].numpy()}
+    params = jax.tree.map(jnp.asarray, params)
+    rng = np.random.default_rng(0)
+    ids = rng.integers(5, 300, (3, 20)).astype(np.int32)
+    mask = np.ones_like(ids)
+    mask[1, 12:], mask[2, 5:] = 0, 0
+    segments = (np.arange(20) >= 6).astype(np.int32)[None].repeat(3, 0) * mask
+    positions = np.array([[7, 9], [0, 0], [3, 4]], np.int32)  # the second row's answer is [CLS]: no answer
+    model = model_lib.BertForQuestionAnswering(config)
+    outputs = model.apply({"params": params}, ids, mask, segments)
+
+    def their_loss():
+        return theirs(input_ids=torch.tensor(ids, dtype=torch.long), attention_mask=torch.tensor(mask),
+                      token_type_ids=torch.tensor(segments, dtype=torch.long),
+                      start_positions=torch.tensor(positions[:, 0], dtype=torch.long),
+                      end_positions=torch.tensor(positions[:, 1], dtype=torch.long))
+
+    with torch.no_grad():
+        output = their_loss()
+    real = mask == 1
+    for ours, expected in ((outputs["start_logits"], output.start_logits), (outputs["end_logits"], output.end_logits)):
+        expected = expected.numpy()
+        np.testing.assert_allclose(np.asarray(ours)[real], expected[real], atol=1e-4 * np.abs(expected).max())
+    np.testing.assert_array_equal(outputs["logits"][:, 0], outputs["start_logits"])
+    batch = {"input_ids": ids, "input_mask": mask, "segment_ids": segments, "label_ids": positions,
+             "weights": np.ones(3, np.float32)}
+    from bert_jax import finetune  # pylint: disable=import-outside-toplevel
+    sums = finetune.make_eval_step(model, ())(params, batch)
+    assert float(sums["loss_sum"] / sums["count"]) == pytest.approx(float(output.loss), rel=1e-5)
+    _one_finetuning_step_equals_torch(model, params, batch, theirs, lambda: their_loss().loss, [
+        # qa_outputs.bias is left out: a shift of every start (end) score leaves the softmax unchanged, so its
+        # gradient is zero up to rounding, and Adam's first step turns that rounding into +-1e-5 either way.
+        ("qa_outputs/kernel", "qa_outputs.weight", True),
+        ("layer_1/output/kernel", "bert.encoder.layer.1.output.dense.weight", True),
+        ("layer_0/attention/query/kernel", "bert.encoder.layer.0.attention.self.query.weight", True),
+        ("embeddings/word_embeddings/embedding", "bert.embeddings.word_embeddings.weight", False)])

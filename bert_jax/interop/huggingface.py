@@ -145,15 +145,18 @@ def _require_wordpiece(tokenizer, caller: str, fix: str) -> None:
 
 def export_hf_classifier(params, bert_config: model_lib.BertConfig, output_dir: str, label_names: list[str],
                          tokenizer) -> str:
-    """A fine-tuned classifier as a directory transformers' AutoModelForTokenClassification (params without a
-    pooler: bert_jax's BertForTokenClassification) or AutoModelForSequenceClassification loads offline, with the
-    label map (config.json's id2label / label2id) and `tokenizer`'s files. Returns output_dir."""
+    """A fine-tuned model as a directory that transformers loads offline with `tokenizer`'s files:
+    AutoModelForQuestionAnswering for parameters with `qa_outputs` (bert_jax's BertForQuestionAnswering; no
+    labels), else AutoModelForTokenClassification (no pooler: BertForTokenClassification) or
+    AutoModelForSequenceClassification, with the label map (config.json's id2label / label2id). Returns output_dir."""
     flat = layout.host_params(params)
-    token = not any(path.startswith("pooler/") for path in flat)
-    kernel = flat.get("classifier/kernel")
-    if kernel is None or kernel.shape[1] != len(label_names):
-        raise ValueError(f"export_hf_classifier: the parameters have no classifier for {len(label_names)} labels "
-                         f"(classifier/kernel: {None if kernel is None else kernel.shape}). Fix: pass a fine-tuned "
+    head = "qa_outputs" if "qa_outputs/kernel" in flat else "classifier"
+    pooled = any(path.startswith("pooler/") for path in flat) and head == "classifier"
+    kernel = flat.get(f"{head}/kernel")
+    width = 2 if head == "qa_outputs" else len(label_names)
+    if kernel is None or kernel.shape[1] != width:
+        raise ValueError(f"export_hf_classifier: the parameters have no {head} of {width} outputs "
+                         f"({head}/kernel: {None if kernel is None else kernel.shape}). Fix: pass a fine-tuned "
                          "model's parameters and its labels.json")
     tokenizer = layout.as_tokenizer(tokenizer)
     _require_wordpiece(tokenizer, "export_hf_classifier", "a model fine-tuned with a SentencePiece tokenizer stays in "
@@ -161,17 +164,19 @@ def export_hf_classifier(params, bert_config: model_lib.BertConfig, output_dir: 
     if jax.process_index() != 0:
         return output_dir
     os.makedirs(output_dir, exist_ok=True)
-    tensors = {"classifier.weight": np.ascontiguousarray(kernel.T), "classifier.bias": flat["classifier/bias"]}
+    tensors = {f"{head}.weight": np.ascontiguousarray(kernel.T), f"{head}.bias": flat[f"{head}/bias"]}
     for ours, hf, _, hf_transposed, _ in layout.name_table(bert_config.num_layers):
-        if ours.split("/")[0] in layout.HEADS and not (ours.startswith("pooler/") and not token):
+        if ours.split("/")[0] in layout.HEADS and not (ours.startswith("pooler/") and pooled):
             continue
         value = flat[ours][:tokenizer.vocab_size] if ours == layout.VOCAB_ROWS[0] else flat[ours]
         tensors[hf] = np.ascontiguousarray(value.T if hf_transposed else value)
     safetensors_numpy.save_file(tensors, os.path.join(output_dir, HF_WEIGHTS), metadata={"format": "pt"})
     config = hf_config(bert_config, tokenizer.vocab_size, tokenizer.pad_id)
-    config["architectures"] = ["BertForTokenClassification" if token else "BertForSequenceClassification"]
-    config["id2label"] = {str(index): name for index, name in enumerate(label_names)}
-    config["label2id"] = {name: index for index, name in enumerate(label_names)}
+    config["architectures"] = [{"qa_outputs": "BertForQuestionAnswering"}.get(head) or (
+        "BertForSequenceClassification" if pooled else "BertForTokenClassification")]
+    if label_names:
+        config["id2label"] = {str(index): name for index, name in enumerate(label_names)}
+        config["label2id"] = {name: index for index, name in enumerate(label_names)}
     layout.write_json(os.path.join(output_dir, HF_CONFIG), config)
     _export_hf_tokenizer(tokenizer, output_dir, bert_config.max_position_embeddings)
     return output_dir

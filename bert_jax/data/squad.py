@@ -188,10 +188,13 @@ class _Passage:
     first_piece: list[int]  # each word's first piece (the original's orig_to_tok_index)
 
 
-def _prepared_origin(word: str, prepared: str, lower: bool) -> list[int] | None:
-    """For each character of prepare_text(word), the character of `word` it came from; None if unknown."""
+def _prepared_origin(word: str, prepared: str, lower: bool, kind: str) -> list[int] | None:
+    """For each character of the text the tokenizer saw, the character of `word` it came from; None if unknown."""
     if not lower or word.isascii():
         return list(range(len(word))) if len(prepared) == len(word) else None
+    if kind == "sentencepiece":  # str.lower() only
+        origin = [index for index, char in enumerate(word) for _ in char.lower()]
+        return origin if len(origin) == len(prepared) else None
     drop = basic_tokenizer._python_drop()  # pylint: disable=protected-access
     origin = []
     for index, char in enumerate(word):
@@ -203,28 +206,48 @@ def _prepared_origin(word: str, prepared: str, lower: bool) -> list[int] | None:
 
 
 def _piece_offsets(tokenizer, words: list[str], ids: list[list[int]]) -> list[list[tuple[int, int]]]:
-    """Each piece's (start, end) characters within its word.
+    """Each piece's (start, end) characters within its word, so an answer is the context's own characters (case,
+    accents, punctuation kept) trimmed to the predicted pieces, where the original needed get_final_text.
 
-    Exact for WordPiece: the Rust backend's offsets into the lower-cased, accent-stripped text, mapped back to the
-    word's own characters, so a piece's text keeps the original case, accents and punctuation. Elsewhere (e.g.
-    SentencePiece, or a word whose preparation cannot be aligned) every piece spans its whole word, so answers
-    come out as whole words, as exact as the original's get_final_text can be there.
+    WordPiece: the Rust backend's offsets into the lower-cased, accent-stripped word; SentencePiece: its byte
+    offsets; both mapped back to the word's characters. Where that cannot be done exactly (an unknown tokenizer,
+    pieces that disagree with encode_batch, a preparation whose length change cannot be aligned) every piece of
+    the word spans the whole word, so such answers come out as whole words.
     """
     whole = [[(0, len(word))] * len(word_ids) for word, word_ids in zip(words, ids)]
-    backend = getattr(tokenizer, "_backend", None)
-    if backend is None or not words or tokenizer.kind != "wordpiece":
+    kind = getattr(tokenizer, "kind", None)
+    if not words or kind not in ("wordpiece", "sentencepiece"):
         return whole
-    prepared = [basic_tokenizer.prepare_text(word, tokenizer.do_lower_case) for word in words]
-    encodings = backend.encode_batch(prepared, add_special_tokens=False)
+    lower = tokenizer.do_lower_case
+    if kind == "wordpiece":
+        prepared = [basic_tokenizer.prepare_text(word, lower) for word in words]
+        backend = tokenizer._backend  # pylint: disable=protected-access
+        encodings = backend.encode_batch(prepared, add_special_tokens=False)
+        found = [(list(e.ids), list(e.offsets)) for e in encodings]
+    else:
+        prepared = [word.lower() if lower else word for word in words]
+        found = [_sentencepiece_offsets(tokenizer, text) for text in prepared]
     offsets = []
-    for word, text, encoding, word_ids, fallback in zip(words, prepared, encodings, ids, whole):
-        origin = _prepared_origin(word, text, tokenizer.do_lower_case)
-        if origin is None or list(encoding.ids) != list(word_ids):
+    for word, text, (found_ids, spans), word_ids, fallback in zip(words, prepared, found, ids, whole):
+        origin = _prepared_origin(word, text, lower, kind)
+        if origin is None or found_ids != list(word_ids):
             offsets.append(fallback)
             continue
         offsets.append([(origin[start], origin[end - 1] + 1) if end > start else (0, len(word))
-                        for start, end in encoding.offsets])
+                        for start, end in spans])
     return offsets
+
+
+def _sentencepiece_offsets(tokenizer, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+    """SentencePiece's pieces of `text` and their character spans; a piece without surface (the word-start "▁"
+    alone) takes the span of the piece after it."""
+    proto = tokenizer._sp.encode(text, out_type="proto")  # pylint: disable=protected-access
+    char_of_byte = [index for index, char in enumerate(text) for _ in char.encode("utf-8")] + [len(text)]
+    spans = [(char_of_byte[p.begin], char_of_byte[p.end]) for p in proto.pieces]
+    for index in range(len(spans) - 2, -1, -1):
+        if spans[index][0] == spans[index][1]:
+            spans[index] = spans[index + 1]
+    return [p.id for p in proto.pieces], spans
 
 
 def _passages(tokenizer, examples: list[Example]) -> list[_Passage]:
@@ -475,14 +498,14 @@ def write_predictions(path: str, predictions: dict) -> None:
 # Scoring, as the official evaluate-v1.1.py / evaluate-v2.0.py.
 
 
+_PUNCTUATION = frozenset(string.punctuation)
+
+
 def normalize_answer(text: str) -> str:
     """Lower-cased, without punctuation, without the articles a/an/the, whitespace collapsed."""
     text = "".join(char for char in text.lower() if char not in _PUNCTUATION)
     text = re.sub(r"\b(a|an|the)\b", " ", text)
     return " ".join(text.split())
-
-
-_PUNCTUATION = frozenset(string.punctuation)
 
 
 def exact_match(prediction: str, gold: str) -> float:

@@ -217,6 +217,16 @@ def test_windows_slide_by_doc_stride_and_label_the_answer_only_where_it_wholly_l
         assert sum(len(s) for s in seen) == sum(len(tokenizer.encode_batch([w])[0]) for w in long_examples[index].words)
 
 
+def test_max_context_is_the_originals_best_window():
+    spans = squad._spans(50, 16, 5)
+    best = squad._max_context_window(spans, 50)
+    for position in range(50):
+        # The original's _check_is_max_context, literally: the first window with the highest score wins.
+        scores = [min(position - start, start + size - 1 - position) + 0.01 * size if start <= position < start + size
+                  else None for start, size in spans]
+        assert best[position] == scores.index(max(s for s in scores if s is not None))
+
+
 def test_peaked_logits_give_back_the_gold_text_in_the_contexts_own_characters(tokenizer, long_examples):
     windows = squad.encode(tokenizer, long_examples, max_seq_length=32, doc_stride=8, max_query_length=10)
     predictions, nbest, null_odds = squad.predict(long_examples, windows, *_oracle_logits(windows))

@@ -302,17 +302,16 @@ def _spans(length: int, room: int, doc_stride: int) -> list[tuple[int, int]]:
     return spans
 
 
-def _is_max_context(spans: list[tuple[int, int]], span_index: int, position: int) -> bool:
-    """Whether window `span_index` gives piece `position` the most context on its shorter side (the original's
-    _check_is_max_context; ties go to the earlier window, a longer window wins by 0.01 a piece)."""
-    best_score, best_index = None, None
-    for index, (start, size) in enumerate(spans):
-        end = start + size - 1
-        if start <= position <= end:
-            score = min(position - start, end - position) + 0.01 * size
-            if best_score is None or score > best_score:
-                best_score, best_index = score, index
-    return best_index == span_index
+def _max_context_window(spans: list[tuple[int, int]], length: int) -> np.ndarray:
+    """For each passage piece, the window that gives it the most context on its shorter side (the original's
+    _check_is_max_context: score min(left, right) + 0.01 * window size; ties go to the earlier window)."""
+    positions = np.arange(length)[None, :]
+    starts = np.array([start for start, _ in spans])[:, None]
+    sizes = np.array([size for _, size in spans])[:, None]
+    ends = starts + sizes - 1
+    scores = np.minimum(positions - starts, ends - positions) + 0.01 * sizes
+    scores = np.where((positions >= starts) & (positions <= ends), scores, -np.inf)
+    return np.argmax(scores, axis=0)  # the first of equal maxima
 
 
 def _check_lengths(max_seq_length: int, doc_stride: int, max_query_length: int) -> int:
@@ -344,7 +343,10 @@ def _window_rows(query: list[int], passage: _Passage, answer: tuple[int, int], m
                  doc_stride: int, tokenizer) -> list[dict]:
     """One dict of row arrays per window of one question's passage."""
     spans = _spans(len(passage.ids), max_seq_length - len(query) - 3, doc_stride)
+    if not spans:
+        return []  # an empty context: nothing to read, so no window (predict then answers "")
     offset = len(query) + 2  # the passage's first position: after [CLS] query [SEP]
+    best_window = _max_context_window(spans, len(passage.ids))
     rows = []
     for span_index, (start, size) in enumerate(spans):
         ids = [tokenizer.cls_id, *query, tokenizer.sep_id, *passage.ids[start:start + size], tokenizer.sep_id]
@@ -360,7 +362,7 @@ def _window_rows(query: list[int], passage: _Passage, answer: tuple[int, int], m
         row["token_to_word"][pieces] = passage.word[start:start + size]
         row["char_start"][pieces] = passage.char_start[start:start + size]
         row["char_end"][pieces] = passage.char_end[start:start + size]
-        row["max_context"][pieces] = [_is_max_context(spans, span_index, p) for p in range(start, start + size)]
+        row["max_context"][pieces] = best_window[start:start + size] == span_index
         inside = answer[0] >= start and 0 <= answer[1] <= start + size - 1
         row["start_position"] = answer[0] - start + offset if inside else 0
         row["end_position"] = answer[1] - start + offset if inside else 0
@@ -417,13 +419,14 @@ def _candidates(windows: Windows, rows: list[int], start_logits, end_logits, n_b
             null = _Candidate(row, 0, 0, float(starts[0]), float(ends[0]))
         words, best = windows.token_to_word[row], windows.max_context[row]
         # A stable sort keeps the original's order among equal logits (the earlier position first).
-        for start in np.argsort(-starts, kind="stable")[:n_best_size]:
-            for end in np.argsort(-ends, kind="stable")[:n_best_size]:
-                if words[start] < 0 or words[end] < 0 or not best[start]:
-                    continue  # outside the passage, or a window that sees the start with less context
-                if end < start or end - start + 1 > max_answer_length:
-                    continue
-                candidates.append(_Candidate(row, int(start), int(end), float(starts[start]), float(ends[end])))
+        top_starts = np.argsort(-starts, kind="stable")[:n_best_size, None]
+        top_ends = np.argsort(-ends, kind="stable")[None, :n_best_size]
+        # Allowed: both in the passage, in order, not too long, and the window sees the start with most context.
+        allowed = ((words[top_starts] >= 0) & (words[top_ends] >= 0) & best[top_starts] & (top_ends >= top_starts)
+                   & (top_ends - top_starts + 1 <= max_answer_length))
+        for i, j in zip(*np.nonzero(allowed)):  # row-major: the original's start-then-end order
+            start, end = int(top_starts[i, 0]), int(top_ends[0, j])
+            candidates.append(_Candidate(row, start, end, float(starts[start]), float(ends[end])))
     return candidates, null
 
 

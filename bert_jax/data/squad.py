@@ -188,10 +188,13 @@ class _Passage:
     first_piece: list[int]  # each word's first piece (the original's orig_to_tok_index)
 
 
-def _prepared_origin(word: str, prepared: str, lower: bool) -> list[int] | None:
-    """For each character of prepare_text(word), the character of `word` it came from; None if unknown."""
+def _prepared_origin(word: str, prepared: str, lower: bool, kind: str) -> list[int] | None:
+    """For each character of the text the tokenizer saw, the character of `word` it came from; None if unknown."""
     if not lower or word.isascii():
         return list(range(len(word))) if len(prepared) == len(word) else None
+    if kind == "sentencepiece":  # str.lower() only
+        origin = [index for index, char in enumerate(word) for _ in char.lower()]
+        return origin if len(origin) == len(prepared) else None
     drop = basic_tokenizer._python_drop()  # pylint: disable=protected-access
     origin = []
     for index, char in enumerate(word):
@@ -203,28 +206,48 @@ def _prepared_origin(word: str, prepared: str, lower: bool) -> list[int] | None:
 
 
 def _piece_offsets(tokenizer, words: list[str], ids: list[list[int]]) -> list[list[tuple[int, int]]]:
-    """Each piece's (start, end) characters within its word.
+    """Each piece's (start, end) characters within its word, so an answer is the context's own characters (case,
+    accents, punctuation kept) trimmed to the predicted pieces, where the original needed get_final_text.
 
-    Exact for WordPiece: the Rust backend's offsets into the lower-cased, accent-stripped text, mapped back to the
-    word's own characters, so a piece's text keeps the original case, accents and punctuation. Elsewhere (e.g.
-    SentencePiece, or a word whose preparation cannot be aligned) every piece spans its whole word, so answers
-    come out as whole words, as exact as the original's get_final_text can be there.
+    WordPiece: the Rust backend's offsets into the lower-cased, accent-stripped word; SentencePiece: its byte
+    offsets; both mapped back to the word's characters. Where that cannot be done exactly (an unknown tokenizer,
+    pieces that disagree with encode_batch, a preparation whose length change cannot be aligned) every piece of
+    the word spans the whole word, so such answers come out as whole words.
     """
     whole = [[(0, len(word))] * len(word_ids) for word, word_ids in zip(words, ids)]
-    backend = getattr(tokenizer, "_backend", None)
-    if backend is None or not words or tokenizer.kind != "wordpiece":
+    kind = getattr(tokenizer, "kind", None)
+    if not words or kind not in ("wordpiece", "sentencepiece"):
         return whole
-    prepared = [basic_tokenizer.prepare_text(word, tokenizer.do_lower_case) for word in words]
-    encodings = backend.encode_batch(prepared, add_special_tokens=False)
+    lower = tokenizer.do_lower_case
+    if kind == "wordpiece":
+        prepared = [basic_tokenizer.prepare_text(word, lower) for word in words]
+        backend = tokenizer._backend  # pylint: disable=protected-access
+        encodings = backend.encode_batch(prepared, add_special_tokens=False)
+        found = [(list(e.ids), list(e.offsets)) for e in encodings]
+    else:
+        prepared = [word.lower() if lower else word for word in words]
+        found = [_sentencepiece_offsets(tokenizer, text) for text in prepared]
     offsets = []
-    for word, text, encoding, word_ids, fallback in zip(words, prepared, encodings, ids, whole):
-        origin = _prepared_origin(word, text, tokenizer.do_lower_case)
-        if origin is None or list(encoding.ids) != list(word_ids):
+    for word, text, (found_ids, spans), word_ids, fallback in zip(words, prepared, found, ids, whole):
+        origin = _prepared_origin(word, text, lower, kind)
+        if origin is None or found_ids != list(word_ids):
             offsets.append(fallback)
             continue
         offsets.append([(origin[start], origin[end - 1] + 1) if end > start else (0, len(word))
-                        for start, end in encoding.offsets])
+                        for start, end in spans])
     return offsets
+
+
+def _sentencepiece_offsets(tokenizer, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+    """SentencePiece's pieces of `text` and their character spans; a piece without surface (the word-start "▁"
+    alone) takes the span of the piece after it."""
+    proto = tokenizer._sp.encode(text, out_type="proto")  # pylint: disable=protected-access
+    char_of_byte = [index for index, char in enumerate(text) for _ in char.encode("utf-8")] + [len(text)]
+    spans = [(char_of_byte[p.begin], char_of_byte[p.end]) for p in proto.pieces]
+    for index in range(len(spans) - 2, -1, -1):
+        if spans[index][0] == spans[index][1]:
+            spans[index] = spans[index + 1]
+    return [p.id for p in proto.pieces], spans
 
 
 def _passages(tokenizer, examples: list[Example]) -> list[_Passage]:
@@ -279,17 +302,16 @@ def _spans(length: int, room: int, doc_stride: int) -> list[tuple[int, int]]:
     return spans
 
 
-def _is_max_context(spans: list[tuple[int, int]], span_index: int, position: int) -> bool:
-    """Whether window `span_index` gives piece `position` the most context on its shorter side (the original's
-    _check_is_max_context; ties go to the earlier window, a longer window wins by 0.01 a piece)."""
-    best_score, best_index = None, None
-    for index, (start, size) in enumerate(spans):
-        end = start + size - 1
-        if start <= position <= end:
-            score = min(position - start, end - position) + 0.01 * size
-            if best_score is None or score > best_score:
-                best_score, best_index = score, index
-    return best_index == span_index
+def _max_context_window(spans: list[tuple[int, int]], length: int) -> np.ndarray:
+    """For each passage piece, the window that gives it the most context on its shorter side (the original's
+    _check_is_max_context: score min(left, right) + 0.01 * window size; ties go to the earlier window)."""
+    positions = np.arange(length)[None, :]
+    starts = np.array([start for start, _ in spans])[:, None]
+    sizes = np.array([size for _, size in spans])[:, None]
+    ends = starts + sizes - 1
+    scores = np.minimum(positions - starts, ends - positions) + 0.01 * sizes
+    scores = np.where((positions >= starts) & (positions <= ends), scores, -np.inf)
+    return np.argmax(scores, axis=0)  # the first of equal maxima
 
 
 def _check_lengths(max_seq_length: int, doc_stride: int, max_query_length: int) -> int:
@@ -321,7 +343,10 @@ def _window_rows(query: list[int], passage: _Passage, answer: tuple[int, int], m
                  doc_stride: int, tokenizer) -> list[dict]:
     """One dict of row arrays per window of one question's passage."""
     spans = _spans(len(passage.ids), max_seq_length - len(query) - 3, doc_stride)
+    if not spans:
+        return []  # an empty context: nothing to read, so no window (predict then answers "")
     offset = len(query) + 2  # the passage's first position: after [CLS] query [SEP]
+    best_window = _max_context_window(spans, len(passage.ids))
     rows = []
     for span_index, (start, size) in enumerate(spans):
         ids = [tokenizer.cls_id, *query, tokenizer.sep_id, *passage.ids[start:start + size], tokenizer.sep_id]
@@ -337,7 +362,7 @@ def _window_rows(query: list[int], passage: _Passage, answer: tuple[int, int], m
         row["token_to_word"][pieces] = passage.word[start:start + size]
         row["char_start"][pieces] = passage.char_start[start:start + size]
         row["char_end"][pieces] = passage.char_end[start:start + size]
-        row["max_context"][pieces] = [_is_max_context(spans, span_index, p) for p in range(start, start + size)]
+        row["max_context"][pieces] = best_window[start:start + size] == span_index
         inside = answer[0] >= start and 0 <= answer[1] <= start + size - 1
         row["start_position"] = answer[0] - start + offset if inside else 0
         row["end_position"] = answer[1] - start + offset if inside else 0
@@ -394,13 +419,14 @@ def _candidates(windows: Windows, rows: list[int], start_logits, end_logits, n_b
             null = _Candidate(row, 0, 0, float(starts[0]), float(ends[0]))
         words, best = windows.token_to_word[row], windows.max_context[row]
         # A stable sort keeps the original's order among equal logits (the earlier position first).
-        for start in np.argsort(-starts, kind="stable")[:n_best_size]:
-            for end in np.argsort(-ends, kind="stable")[:n_best_size]:
-                if words[start] < 0 or words[end] < 0 or not best[start]:
-                    continue  # outside the passage, or a window that sees the start with less context
-                if end < start or end - start + 1 > max_answer_length:
-                    continue
-                candidates.append(_Candidate(row, int(start), int(end), float(starts[start]), float(ends[end])))
+        top_starts = np.argsort(-starts, kind="stable")[:n_best_size, None]
+        top_ends = np.argsort(-ends, kind="stable")[None, :n_best_size]
+        # Allowed: both in the passage, in order, not too long, and the window sees the start with most context.
+        allowed = ((words[top_starts] >= 0) & (words[top_ends] >= 0) & best[top_starts] & (top_ends >= top_starts)
+                   & (top_ends - top_starts + 1 <= max_answer_length))
+        for i, j in zip(*np.nonzero(allowed)):  # row-major: the original's start-then-end order
+            start, end = int(top_starts[i, 0]), int(top_ends[0, j])
+            candidates.append(_Candidate(row, start, end, float(starts[start]), float(ends[end])))
     return candidates, null
 
 
@@ -475,14 +501,14 @@ def write_predictions(path: str, predictions: dict) -> None:
 # Scoring, as the official evaluate-v1.1.py / evaluate-v2.0.py.
 
 
+_PUNCTUATION = frozenset(string.punctuation)
+
+
 def normalize_answer(text: str) -> str:
     """Lower-cased, without punctuation, without the articles a/an/the, whitespace collapsed."""
     text = "".join(char for char in text.lower() if char not in _PUNCTUATION)
     text = re.sub(r"\b(a|an|the)\b", " ", text)
     return " ".join(text.split())
-
-
-_PUNCTUATION = frozenset(string.punctuation)
 
 
 def exact_match(prediction: str, gold: str) -> float:

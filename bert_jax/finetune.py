@@ -41,6 +41,7 @@ from bert_jax import checkpoint as checkpoint_lib
 from bert_jax.data import conll
 from bert_jax import divergence
 from bert_jax.data import finetune_data
+from bert_jax.data import squad
 from bert_jax import fileio
 from bert_jax import metrics as metrics_lib
 from bert_jax import model as model_lib
@@ -54,6 +55,9 @@ from bert_jax.train import TrainState, apply_gradients, dropout_key, jit_train_s
 FINETUNED_SUBDIR = "finetuned"
 LABELS_FILE = "labels.json"
 PREDICTIONS_FILE = "eval_predictions.txt"  # tagging: WORKDIR/eval_predictions.txt, data.eval_file's layout
+QA_PREDICTIONS_FILE = "predictions.json"  # question answering: {question id: answer}, the official format
+TASK_FILE = "task.json"  # beside labels.json: {"task": one of TASK_KINDS}, the head the saved parameters feed
+TASK_KINDS = ("sequence", "tokens", "qa")
 
 
 
@@ -202,6 +206,13 @@ def make_eval_step(model: nn.Module, rules):
     return eval_step
 
 
+def make_logits_step(model: nn.Module, rules):
+    """`logits_step(params, batch) -> logits` (float32), for question answering's span search on the host."""
+    def logits_step(params, batch):
+        return _logits(model, rules, params, batch, True).astype(jnp.float32)
+    return logits_step
+
+
 def make_predict_step(model: nn.Module, rules):
     """`predict_step(params, batch) -> [batch, length]` the most likely label of every position."""
     def predict_step(params, batch):
@@ -261,16 +272,21 @@ class _Task:
     eval_labels: np.ndarray | None = None
     eval_sentences: list[conll.Sentence] | None = None  # tagging: the held-out sentences, for entity scores
     eval_rows: conll.Rows | None = None  # tagging: which words each held-out row holds
+    kind: str = "sequence"  # one of TASK_KINDS; "qa": labels [rows, 2] (answer start, end piece; 0: no answer)
+    eval_examples: list[squad.Example] | None = None  # qa: the held-out questions
+    eval_windows: squad.Windows | None = None  # qa: which question and passage pieces each held-out row holds
 
     @property
     def tagging(self) -> bool:
-        return self.train_labels.ndim == 2
+        return self.kind == "tokens"
 
 
 def _read_task(config, tokenizer) -> _Task:
     data = config.data
     if data.format == "conll":
         return _read_tagging_task(config, tokenizer)
+    if data.format == "squad":
+        return _read_qa_task(config, tokenizer)
     train_examples = finetune_data.read_examples(data.train_file, data)
     names = finetune_data.label_names(train_examples, data)
     logging.info("%d classes (id: name): %s", len(names), ", ".join(f"{i}: {n}" for i, n in enumerate(names)))
@@ -297,7 +313,7 @@ def _read_tagging_task(config, tokenizer) -> _Task:
     rows = conll.encode(tokenizer, train_sentences, ids, data.max_seq_length)
     logging.info("%d training sentences in %d rows of data.max_seq_length=%d", len(train_sentences),
                  len(rows.labels), data.max_seq_length)
-    task = _Task(names, rows.arrays(), rows.labels)
+    task = _Task(names, rows.arrays(), rows.labels, kind="tokens")
     if data.eval_file:
         sentences = conll.read_conll(data.eval_file, field="data.eval_file")
         unknown = sorted({tag for sentence in sentences for tag in sentence.tags} - set(names))
@@ -309,6 +325,38 @@ def _read_tagging_task(config, tokenizer) -> _Task:
         task.eval_encoded, task.eval_labels = task.eval_rows.arrays(), task.eval_rows.labels
         task.eval_sentences = sentences
     return task
+
+
+def _read_qa_task(config, tokenizer) -> _Task:
+    """SQuAD questions as windows of [CLS] question [SEP] passage [SEP], labelled with the answer's first and last
+    piece (both 0, [CLS], where the window holds no answer)."""
+    data = config.data
+
+    def read(path, field):
+        examples = squad.read_squad(path, field, training=field == "data.train_file")
+        unanswerable = sum(example.is_impossible for example in examples)
+        if unanswerable and not data.version_2_with_negative:
+            raise ValueError(f"--config.{field}={path} has {unanswerable} questions without an answer (SQuAD v2.0). "
+                             "Fix: --config.data.version_2_with_negative=True")
+        windows = squad.encode(tokenizer, examples, data.max_seq_length, data.doc_stride, data.max_query_length)
+        logging.info("%s: %d questions in %d windows of data.max_seq_length=%d", path, len(examples),
+                     len(windows.example), data.max_seq_length)
+        return examples, windows, np.stack([windows.start_positions, windows.end_positions], -1).astype(np.int32)
+
+    _, windows, labels = read(data.train_file, "data.train_file")
+    task = _Task([], windows.arrays(), labels, kind="qa")
+    if data.eval_file:
+        task.eval_examples, task.eval_windows, task.eval_labels = read(data.eval_file, "data.eval_file")
+        task.eval_encoded = task.eval_windows.arrays()
+    return task
+
+
+def _task_model(task: _Task, model_config: model_lib.BertConfig) -> nn.Module:
+    if task.kind == "qa":
+        return model_lib.BertForQuestionAnswering(model_config)
+    if task.kind == "tokens":
+        return model_lib.BertForTokenClassification(model_config, len(task.names))
+    return model_lib.BertForSequenceClassification(model_config, len(task.names))
 
 
 def _create_optimizer(config, num_examples: int):
@@ -323,11 +371,13 @@ def _create_optimizer(config, num_examples: int):
     return tx, schedule, num_steps
 
 
-def _write_model_files(output_dir: str, names: list[str], model_config: model_lib.BertConfig, tokenizer) -> None:
-    """What --config.init=WORKDIR/finetuned reads beside the parameters: classes, architecture, vocabulary."""
+def _write_model_files(output_dir: str, task: _Task, model_config: model_lib.BertConfig, tokenizer) -> None:
+    """What --config.init=WORKDIR/finetuned and the export read beside the parameters: the head, classes,
+    architecture, vocabulary."""
     if jax.process_index() == 0:
         fileio.makedirs(output_dir)
-        _write_json(fileio.join(output_dir, LABELS_FILE), names)
+        _write_json(fileio.join(output_dir, TASK_FILE), {"task": task.kind})
+        _write_json(fileio.join(output_dir, LABELS_FILE), task.names)
         _write_json(fileio.join(output_dir, init_architecture.RUN_MODEL_CONFIG), dataclasses.asdict(model_config))
         tokenizer.save(output_dir)
 
@@ -351,10 +401,9 @@ def finetune(config, workdir: str) -> dict[str, float]:
     tokenizer, source, mesh, rules = _setup(config)
     task = _read_task(config, tokenizer)
     tx, schedule, num_steps = _create_optimizer(config, len(task.train_labels))
-    model_class = model_lib.BertForTokenClassification if task.tagging else model_lib.BertForSequenceClassification
-    model = model_class(source.model_config, len(task.names))
+    model = _task_model(task, source.model_config)
     output_dir = fileio.join(workdir, FINETUNED_SUBDIR)
-    _write_model_files(output_dir, task.names, source.model_config, tokenizer)
+    _write_model_files(output_dir, task, source.model_config, tokenizer)
     train = config.train
     dropout_rng = dropout_key(train.seed, train.dropout_rng, jax.devices()[0].platform)
     writer = metrics_lib.MetricWriter(workdir)
@@ -367,9 +416,10 @@ def finetune(config, workdir: str) -> dict[str, float]:
         replicated = NamedSharding(mesh, PartitionSpec())  # every process holds the whole result
         eval_step = jax.jit(make_eval_step(model, rules), in_shardings=(state_shardings.params, batch_sharding),
                             out_shardings=replicated)
-        predict_step = jax.jit(make_predict_step(model, rules), in_shardings=(state_shardings.params, batch_sharding),
+        make_step = make_logits_step if task.kind == "qa" else make_predict_step
+        predict_step = jax.jit(make_step(model, rules), in_shardings=(state_shardings.params, batch_sharding),
                                out_shardings=replicated)
-        predicted = None  # tagging: the last evaluation's tags, per held-out sentence and word
+        predicted = None  # the last evaluation's tags (per held-out sentence and word) or answers (qa)
         # Loop.
         batches = finetune_data.train_batches(len(task.train_labels), train.batch_size, train.seed)
         monitor = divergence.Monitor(train.spike_factor, train.spike_window)
@@ -391,6 +441,10 @@ def finetune(config, workdir: str) -> dict[str, float]:
                     predicted = _predict_tags(predict_step, state.params, task, train.batch_size, batch_sharding,
                                               rows)
                     scalars.update(_entity_scores(task.eval_sentences, predicted))
+                if task.kind == "qa":
+                    predicted = _predict_answers(predict_step, state.params, task, config.data, train.batch_size,
+                                                 batch_sharding, rows)
+                    scalars.update(_answer_scores(task.eval_examples, predicted[0]))
             logging.info("step %d/%d | %s", step, num_steps, " | ".join(f"{k} {v:.4g}" for k, v in scalars.items()))
             writer.write(step, scalars)
             last = dict(scalars, step=step)
@@ -404,10 +458,37 @@ def finetune(config, workdir: str) -> dict[str, float]:
     writer.close()
     logging.info("fine-tuned parameters saved to %s (classes in %s)", output_dir, LABELS_FILE)
     if predicted is not None and jax.process_index() == 0:
+        _write_predictions(workdir, task, predicted)
+    return last
+
+
+def _write_predictions(workdir: str, task: _Task, predicted) -> None:
+    if task.tagging:
         path = fileio.join(workdir, PREDICTIONS_FILE)
         conll.write_predictions(path, task.eval_sentences, predicted)
         logging.info("held-out predictions (token, gold tag, predicted tag) written to %s", path)
-    return last
+        return
+    answers, nbest, null_odds = predicted
+    path = fileio.join(workdir, QA_PREDICTIONS_FILE)
+    squad.write_predictions(path, answers)
+    _write_json(fileio.join(workdir, "nbest_predictions.json"), nbest)
+    if null_odds:
+        _write_json(fileio.join(workdir, "null_odds.json"), null_odds)
+    logging.info("held-out answers written to %s (and the n best of each to nbest_predictions.json)", path)
+
+
+def _predict_answers(logits_step, params, task: _Task, data, batch_size: int, batch_sharding, rows):
+    """(answers, nbest, null_odds) of the held-out questions, by squad.predict over every window's start and end
+    scores."""
+    logits = _in_order(logits_step, params, task.eval_encoded, batch_size, batch_sharding, rows)
+    return squad.predict(task.eval_examples, task.eval_windows, logits[:, 0], logits[:, 1], data.n_best_size,
+                         data.max_answer_length, data.version_2_with_negative, data.null_score_diff_threshold)
+
+
+def _answer_scores(examples, answers) -> dict[str, float]:
+    """Exact match and F1 (fractions) with the official SQuAD normalisation, the best over each question's answers."""
+    scores = squad.evaluate(examples, answers)
+    return {"eval_exact_match": float(scores["exact_match"]), "eval_f1": float(scores["f1"])}
 
 
 def _predict_tags(predict_step, params, task: _Task, batch_size: int, batch_sharding, rows) -> list[list[str]]:
@@ -499,10 +580,25 @@ def _write_json(path: str, value) -> None:
         f.write(json.dumps(value, indent=2) + "\n")
 
 
+def _saved_task_kind(checkpoint: str) -> str:
+    """The head a fine-tuned directory's parameters feed: its task.json, or (written before task.json existed)
+    token classification when the parameters have no pooler."""
+    path = fileio.join(checkpoint, TASK_FILE)
+    if fileio.exists(path):
+        with fileio.open_file(path) as file:
+            kind = json.load(file).get("task")
+        if kind not in TASK_KINDS:
+            raise ValueError(f"{path}: task {kind!r} is none of {TASK_KINDS}; the directory was not written by "
+                             "--mode=finetune")
+        return kind
+    saved = checkpoint_lib.state_metadata(str(checkpoint_lib.step_directory(checkpoint)))["train_state"]["params"]
+    return "sequence" if "pooler" in saved else "tokens"
+
+
 def export_finetuned(workdir: str, checkpoint: str = "", export_format: str = "hf", output: str = "") -> str:
     """`--mode=export` with configs/finetune.py: a fine-tuned directory (default WORKDIR/finetuned) as a HuggingFace
-    directory (default WORKDIR/export/hf) that AutoModelForTokenClassification or AutoModelForSequenceClassification
-    loads, with its labels and tokenizer."""
+    directory (default WORKDIR/export/hf) that AutoModelForSequenceClassification, AutoModelForTokenClassification or
+    AutoModelForQuestionAnswering loads, with its labels and tokenizer."""
     from bert_jax.interop import export  # pylint: disable=import-outside-toplevel
     from bert_jax.interop import flax_files  # pylint: disable=import-outside-toplevel
     from bert_jax.interop import huggingface  # pylint: disable=import-outside-toplevel
@@ -518,12 +614,11 @@ def export_finetuned(workdir: str, checkpoint: str = "", export_format: str = "h
     with fileio.open_file(labels_path) as file:
         names = json.load(file)
     model_config = flax_files.config_from_ours(fileio.join(checkpoint, init_architecture.RUN_MODEL_CONFIG))
-    saved = checkpoint_lib.state_metadata(str(checkpoint_lib.step_directory(checkpoint)))["train_state"]["params"]
-    tagging = "pooler" not in saved  # BertForTokenClassification has none
-    model_class = model_lib.BertForTokenClassification if tagging else model_lib.BertForSequenceClassification
+    kind = _saved_task_kind(checkpoint)
+    task = _Task(names, {}, np.zeros(0), kind=kind)
     ids = np.zeros((1, 8), np.int32)
-    params = export.restore_model_params(checkpoint, model_class(model_config, len(names)), ids, ids, ids)
+    params = export.restore_model_params(checkpoint, _task_model(task, model_config), ids, ids, ids)
     huggingface.export_hf_classifier(params, model_config, output, names, tokenization.load_tokenizer(checkpoint))
-    logging.info("%s classifier of %d labels exported for transformers", "token" if tagging else "sequence",
-                 len(names))
+    logging.info("%s model exported for transformers", {"sequence": "sequence classification", "tokens":
+                 "token classification", "qa": "question answering"}[kind])
     return output

@@ -227,10 +227,13 @@ def _validate_downstream(config, num_devices: int, process_count: int, mode: str
                          f"max_position_embeddings={bert_config.max_position_embeddings}")
     if not data.vocab_file:
         fail("data.vocab_file", "set it to the vocab.txt / .model / tokenizer directory the model was trained with")
-    if data.format not in finetune_data.FORMATS + ("conll",):
-        fail("data.format", f"choose one of {finetune_data.FORMATS + ('conll',)}")
+    if data.format not in finetune_data.FORMATS + ("conll", "squad"):
+        fail("data.format", f"choose one of {finetune_data.FORMATS + ('conll', 'squad')}")
     if data.format == "conll":  # token classification: words and tags, no columns
         _validate_tagging(config, mode, fail)
+        return
+    if data.format == "squad":  # extractive question answering: SQuAD JSON, no columns
+        _validate_question_answering(config, mode, fail)
         return
     columns = finetune_data.split_names(data.text_columns)
     if not 1 <= len(columns) <= 2:
@@ -260,6 +263,24 @@ def _validate_tagging(config, mode: str, fail) -> None:
         fail("data.max_seq_length", "must leave room for a word besides [CLS] and [SEP] (>= 3)")
     if not config.data.train_file:
         fail("data.train_file", "set the CoNLL file (a token and its tag per line) to fine-tune on")
+
+
+def _validate_question_answering(config, mode: str, fail) -> None:
+    data = config.data
+    if mode != "finetune":
+        fail("data.format", "--mode=features embeds texts (CSV/TSV/.txt/tfds), not SQuAD files")
+    if not data.train_file:
+        fail("data.train_file", "set the SQuAD v1.1 / v2.0 JSON file to fine-tune on")
+    if data.max_query_length < 1:
+        fail("data.max_query_length", "must be >= 1")
+    if data.max_query_length + 3 >= data.max_seq_length:
+        fail("data.max_query_length", f"leaves no room for the passage in data.max_seq_length={data.max_seq_length} "
+             "([CLS] question [SEP] passage [SEP]). Fix: a smaller max_query_length or a larger max_seq_length")
+    if data.doc_stride < 1:
+        fail("data.doc_stride", "must be >= 1 (passage pieces between the starts of two windows)")
+    for field in ("n_best_size", "max_answer_length"):
+        if data[field] < 1:
+            fail(f"data.{field}", "must be >= 1")
 
 
 def _check_files(config, mode: str) -> None:

@@ -1,9 +1,12 @@
-"""Fine-tuning (sentence / sentence-pair classification, token classification) and feature-extraction recipe.
+"""Fine-tuning (sentence / sentence-pair classification, token classification, extractive question answering) and
+feature-extraction recipe.
 
 `--config=configs/finetune.py:size=base,task=sst2` picks a model preset and a task; override any field with
 `--config.optim.learning_rate=3e-5`. Tasks: `csv` (the default: your own CSV/TSV files, set data.train_file,
 data.eval_file and the column names), `conll` (token classification, e.g. NER: CoNLL files in data.train_file and
-data.eval_file; entity-level F1, and the predicted tags in WORKDIR/eval_predictions.txt) or a GLUE classification
+data.eval_file; entity-level F1, and the predicted tags in WORKDIR/eval_predictions.txt), `squad` (extractive
+question answering: SQuAD v1.1 / v2.0 JSON in data.train_file and data.eval_file; exact match and F1, and the
+answers in WORKDIR/predictions.json, the official format) or a GLUE classification
 task read from TensorFlow Datasets (cola, sst2, mrpc, qqp, mnli, qnli, rte, wnli; prepared beforehand with
 `tfds build glue/TASK`, never downloaded here).
 Defaults: AdamW, batch 32, 10% warmup, dropout 0.1, and per preset the learning rate and epochs of RECIPES (the
@@ -37,6 +40,10 @@ GLUE_TASKS = {
 # tiny at 1e-3 from the quick start's checkpoint stayed at chance for one seed of three, medium at 1e-4 reached 0.86.
 RECIPES = {"tiny": (1e-3, 10), "mini": (3e-4, 10), "small": (3e-4, 10), "medium": (3e-4, 10),
            "base": (2e-5, 3), "large": (2e-5, 3)}
+# task=squad: the BERT paper's SQuAD v1.1 recipe for base and large (learning rate 5e-5, batch 32, 3 epochs); the
+# small presets keep RECIPES'.
+QA_RECIPES = dict(RECIPES, base=(5e-5, 3), large=(5e-5, 3))
+TASKS = ("csv", "conll", "squad")
 
 
 def _parse_arg(arg):
@@ -51,9 +58,9 @@ def _parse_arg(arg):
     if options["size"] not in MODEL_PRESETS:
         raise ValueError(f"configs/finetune.py: unknown size {options['size']!r}; choose one of "
                          f"{list(MODEL_PRESETS)}")
-    if options["task"] not in ("csv", "conll") and options["task"] not in GLUE_TASKS:
-        raise ValueError(f"configs/finetune.py: unknown task {options['task']!r}; choose csv, conll or one of "
-                         f"{list(GLUE_TASKS)}")
+    if options["task"] not in TASKS and options["task"] not in GLUE_TASKS:
+        raise ValueError(f"configs/finetune.py: unknown task {options['task']!r}; choose one of "
+                         f"{list(TASKS) + list(GLUE_TASKS)}")
     return options
 
 
@@ -91,7 +98,8 @@ def get_config(arg=None):
     data.train_file = ""  # training examples (local path, gs://, or tfds:NAME:SPLIT)
     data.eval_file = ""  # held-out examples for eval accuracy; empty = no evaluation
     # "csv", "tsv", "tfds", "txt" or "auto" (tfds: prefix, .tsv, .txt, otherwise csv): sentence classification;
-    # "conll" (task=conll): token classification, a token and its tag (last column) per line, IOB1 or IOB2 tags.
+    # "conll" (task=conll): token classification, a token and its tag (last column) per line, IOB1 or IOB2 tags;
+    # "squad" (task=squad): extractive question answering, SQuAD v1.1 / v2.0 JSON.
     data.format = "auto"
     data.text_columns = "sentence"  # one column (single sentence) or two, comma-separated (sentence pair)
     data.label_column = "label"  # column with the class; strings or integers
@@ -104,6 +112,15 @@ def get_config(arg=None):
     data.vocab_file = ""
     data.do_lower_case = True  # lower-case before tokenising; must match how the model was pretrained
     data.tfds_data_dir = ""  # where prepared TFDS datasets live; empty: $TFDS_DATA_DIR or ~/tensorflow_datasets
+    # Question answering (task=squad), as the original run_squad.py: rows are [CLS] question [SEP] passage [SEP];
+    # a passage longer than a row is read in windows whose starts are doc_stride pieces apart.
+    data.max_query_length = 64  # question pieces kept (the rest cut)
+    data.doc_stride = 128  # passage pieces between the starts of two windows
+    data.version_2_with_negative = False  # SQuAD v2.0: questions may have no answer ("is_impossible")
+    data.n_best_size = 20  # start and end candidates per window, and answers kept per question in nbest
+    data.max_answer_length = 30  # longest answer predicted, in pieces
+    # v2.0: answer "" when the no-answer score beats the best span's by more than this (tune it on dev)
+    data.null_score_diff_threshold = 0.0
 
     config.train = train = ml_collections.ConfigDict()
     train.batch_size = 32  # global batch size (training, evaluation and features), over all processes
@@ -134,6 +151,10 @@ def get_config(arg=None):
 
     if options["task"] == "conll":
         data.format = "conll"
+    if options["task"] == "squad":
+        data.format = "squad"
+        data.max_seq_length = 384  # the original's SQuAD length
+        optim.learning_rate, train.num_epochs = QA_RECIPES[options["size"]][0], float(QA_RECIPES[options["size"]][1])
     if options["task"] in GLUE_TASKS:
         name, columns, train_split, eval_split = GLUE_TASKS[options["task"]]
         data.train_file = f"tfds:{name}:{train_split}"

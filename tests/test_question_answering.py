@@ -1,0 +1,108 @@
+"""Extractive question answering through the driver: the README's task=squad example learns the shipped QA task,
+writes the official predictions.json, and exports a model transformers' AutoModelForQuestionAnswering loads."""
+
+import json
+
+import numpy as np
+import pytest
+
+from bert_jax import finetune
+from bert_jax import model as model_lib
+from bert_jax.data import squad
+from bert_jax.interop import export
+from bert_jax.interop import flax_files
+from bert_jax.interop import init_architecture
+from configs import finetune as finetune_configs
+from tests import helpers
+from tests.test_finetune import _readme_command, driver  # noqa: F401  (the driver fixture)
+
+QA_TASK = f"{helpers.ROOT}/tests/fixtures/qa_task"
+
+
+@pytest.mark.filterwarnings(r"ignore:the load_module\(\) method is deprecated:DeprecationWarning")
+def test_question_answering_learns_the_qa_task_through_the_driver(tmp_path, monkeypatch, driver):
+    """README's task=squad command as written, with the recipe's defaults: exact match and F1 on the 160 held-out
+    questions high, predictions.json in the official format holding them, and the export's start and end logits in
+    transformers equal to ours."""
+    command = _readme_command("finetune", "configs/finetune.py:task=squad")
+    assert command[:3] == ["python", "-m", "bert_jax.main"]
+    assert not [arg for arg in command if arg.startswith(("--config.optim", "--config.train"))]
+    monkeypatch.chdir(helpers.ROOT)  # the command names configs/ and tests/fixtures/ from the repository root
+    workdir = tmp_path / "qa"
+    driver([arg.replace("/tmp/bert_jax_qa", str(workdir)) for arg in command[3:]])
+    final = json.loads((workdir / "metrics.jsonl").read_text().splitlines()[-1])
+    assert final["eval_exact_match"] >= 0.9 and final["eval_f1"] >= 0.9, final
+    predictions = json.loads((workdir / finetune.QA_PREDICTIONS_FILE).read_text())
+    examples = squad.read_squad(f"{QA_TASK}/dev.json", training=False)
+    assert sorted(predictions) == sorted(example.qas_id for example in examples)
+    assert all(isinstance(text, str) for text in predictions.values())
+    assert squad.evaluate(examples, predictions)["exact_match"] == pytest.approx(final["eval_exact_match"])
+    nbest = json.loads((workdir / "nbest_predictions.json").read_text())
+    assert all(nbest[qas_id][0]["text"] == text for qas_id, text in predictions.items())
+
+    _assert_the_export_loads_in_transformers(driver, workdir, [
+        ("What will the function read return?", "The function read will return the list. The module json will "
+         "define the class decoder.")])
+
+
+def _assert_the_export_loads_in_transformers(driver, workdir, pairs):
+    import torch  # pylint: disable=import-outside-toplevel
+    import transformers  # pylint: disable=import-outside-toplevel
+    driver(["--mode=export", "--config=configs/finetune.py:task=squad", f"--workdir={workdir}"])
+    exported, saved = workdir / "export" / "hf", workdir / finetune.FINETUNED_SUBDIR
+    theirs = transformers.AutoModelForQuestionAnswering.from_pretrained(str(exported), local_files_only=True).eval()
+    assert type(theirs).__name__ == "BertForQuestionAnswering"
+    inputs = transformers.AutoTokenizer.from_pretrained(str(exported), local_files_only=True)(
+        [question for question, _ in pairs], [context for _, context in pairs], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        output = theirs(**inputs)
+    model = model_lib.BertForQuestionAnswering(flax_files.config_from_ours(str(saved /
+                                                                            init_architecture.RUN_MODEL_CONFIG)))
+    ids, mask = inputs["input_ids"].numpy(), inputs["attention_mask"].numpy()
+    params = export.restore_model_params(str(saved), model, ids, ids, ids)
+    ours = model.apply({"params": params}, ids, mask, inputs["token_type_ids"].numpy())
+    real = mask == 1
+    for name in ("start_logits", "end_logits"):
+        expected = getattr(output, name).numpy()
+        np.testing.assert_allclose(np.asarray(ours[name])[real], expected[real], atol=1e-4 * np.abs(expected).max())
+
+
+def _qa_config(tmp_path, train, dev=None):
+    config = finetune_configs.get_config("task=squad")
+    config.data.vocab_file, config.data.max_seq_length = f"{helpers.FIXTURES}/vocab_uncased.txt", 64
+    config.data.max_query_length = 16
+    config.data.train_file = str(train)
+    config.data.eval_file = str(dev) if dev else ""
+    config.train.num_steps = 1
+    return config
+
+
+def _squad_file(path, context, answer, answer_start, version="1.1", impossible=False):
+    qa = {"id": "q1", "question": "what is it?", "answers": [] if impossible else
+          [{"text": answer, "answer_start": answer_start}]}
+    if impossible:
+        qa["is_impossible"] = True
+    path.write_text(json.dumps({"version": version, "data": [{"title": "t", "paragraphs": [
+        {"context": context, "qas": [qa]}]}]}))
+    return path
+
+
+def test_question_answering_input_errors_name_the_file_and_the_fix(tmp_path):
+    good = _squad_file(tmp_path / "good.json", "the value is a list of names", "list", 15)
+    bad = _squad_file(tmp_path / "bad.json", "the value is a list of names", "list", 12)
+    with pytest.raises(ValueError, match=r"bad.json.*'list' is not at answer_start=12"):
+        helpers.run_finetune(_qa_config(tmp_path, good, bad), str(tmp_path / "work"))
+    v2 = _squad_file(tmp_path / "v2.json", "the value is a list of names", "", 0, version="v2.0", impossible=True)
+    with pytest.raises(ValueError, match=r"--config.data.train_file=.*v2.json has 1 questions without an answer "
+                                         r"\(SQuAD v2.0\)\. Fix: --config.data.version_2_with_negative=True"):
+        helpers.run_finetune(_qa_config(tmp_path, v2), str(tmp_path / "work"))
+    long_passage = _squad_file(tmp_path / "long.json", " ".join(["names"] * 200), "names", 0)
+    config = _qa_config(tmp_path, long_passage)
+    config.data.doc_stride = 60
+    with pytest.raises(ValueError, match=r"--config.data.doc_stride=60 exceeds the \d+ passage pieces a window of "
+                                         r"data.max_seq_length=64 holds"):
+        helpers.run_finetune(config, str(tmp_path / "work"))
+    config = _qa_config(tmp_path, good)
+    config.data.max_query_length = 61
+    with pytest.raises(ValueError, match=r"--config.data.max_query_length=61: leaves no room for the passage"):
+        helpers.run_finetune(config, str(tmp_path / "work"))

@@ -6,7 +6,7 @@ sharded over the config's mesh, the pure steps are jitted with explicit sharding
 axes. It reports train loss/accuracy and held-out accuracy to the log, WORKDIR/metrics.jsonl and TensorBoard, and
 saves the final parameters with Orbax to WORKDIR/finetuned/state (the layout of a pretraining checkpoint step, so
 `checkpoint.restore_params` and `--config.init` read it back on any mesh), beside labels.json (class names in id
-order), model_config.json and the tokenizer.
+order), model_config.json, head.json (the token head's kind, train.encoder) and the tokenizer.
 
 `extract_features(config, workdir)` writes one embedding per input text, in input order, to a .npy file.
 
@@ -56,7 +56,7 @@ FINETUNED_SUBDIR = "finetuned"
 LABELS_FILE = "labels.json"
 PREDICTIONS_FILE = "eval_predictions.txt"  # tagging: WORKDIR/eval_predictions.txt, data.eval_file's layout
 QA_PREDICTIONS_FILE = "predictions.json"  # question answering: {question id: answer}, the official format
-TASK_FILE = "task.json"  # beside labels.json: {"task": one of TASK_KINDS}, the head the saved parameters feed
+TASK_FILE = "task.json"  # beside labels.json: {"task": one of TASK_KINDS, "encoder": train.encoder}, the head
 TASK_KINDS = ("sequence", "tokens", "qa")
 
 
@@ -365,21 +365,38 @@ def _create_optimizer(config, num_examples: int):
     num_steps = train.num_steps or math.ceil(train.num_epochs * num_examples / train.batch_size)
     optim_config = ml_collections.ConfigDict(config.optim.to_dict())
     optim_config.warmup_steps = config.optim.warmup_steps or int(config.optim.warmup_proportion * num_steps)
-    tx, schedule = optim.create_optimizer(optim_config, num_steps)
+    frozen = model_lib.is_encoder_parameter if config.train.encoder != "tuned" else None
+    tx, schedule = optim.create_optimizer(optim_config, num_steps, frozen=frozen)
     logging.info("%d training examples, %d steps of %d (%.2f epochs), warmup %d steps", num_examples, num_steps,
                  train.batch_size, num_steps * train.batch_size / num_examples, optim_config.warmup_steps)
     return tx, schedule, num_steps
 
 
-def _write_model_files(output_dir: str, task: _Task, model_config: model_lib.BertConfig, tokenizer) -> None:
-    """What --config.init=WORKDIR/finetuned and the export read beside the parameters: the head, classes,
-    architecture, vocabulary."""
+def _write_model_files(output_dir: str, task: _Task, encoder: str, model_config: model_lib.BertConfig,
+                       tokenizer) -> None:
+    """What --config.init=WORKDIR/finetuned and the export read beside the parameters: the head (which the
+    parameters alone do not tell: a feature-based token head reads four layers), classes, architecture,
+    vocabulary. Written by every run, so that no earlier run's files stay behind."""
     if jax.process_index() == 0:
         fileio.makedirs(output_dir)
-        _write_json(fileio.join(output_dir, TASK_FILE), {"task": task.kind})
+        _write_json(fileio.join(output_dir, TASK_FILE), {"task": task.kind, "encoder": encoder})
         _write_json(fileio.join(output_dir, LABELS_FILE), task.names)
         _write_json(fileio.join(output_dir, init_architecture.RUN_MODEL_CONFIG), dataclasses.asdict(model_config))
         tokenizer.save(output_dir)
+
+
+def _check_head_exports(checkpoint: str) -> None:
+    """Refuses a feature-based token head: transformers' BertForTokenClassification reads the last layer only."""
+    path = fileio.join(checkpoint, TASK_FILE)
+    if not fileio.exists(path):  # saved before task.json existed: tuned
+        return
+    with fileio.open_file(path) as file:
+        encoder = json.load(file).get("encoder", "tuned")
+    if encoder != "tuned":
+        raise ValueError(f"--checkpoint={checkpoint}: its {TASK_FILE} says train.encoder={encoder}, a head on the "
+                         "last four layers that transformers' BertForTokenClassification cannot represent, so it does "
+                         "not export; use the directory as it is (bert_jax's own format, which --config.init reads), "
+                         "or fine-tune with --config.train.encoder=tuned to export")
 
 
 def _create_state(config, model, source, tx, mesh, rules):
@@ -402,8 +419,10 @@ def finetune(config, workdir: str) -> dict[str, float]:
     task = _read_task(config, tokenizer)
     tx, schedule, num_steps = _create_optimizer(config, len(task.train_labels))
     model = _task_model(task, source.model_config)
+    if task.tagging:  # fine-tuned, or a head on the frozen encoder's features (train.encoder)
+        model = model.clone(encoder=config.train.encoder)
     output_dir = fileio.join(workdir, FINETUNED_SUBDIR)
-    _write_model_files(output_dir, task, source.model_config, tokenizer)
+    _write_model_files(output_dir, task, config.train.encoder, source.model_config, tokenizer)
     train = config.train
     dropout_rng = dropout_key(train.seed, train.dropout_rng, jax.devices()[0].platform)
     writer = metrics_lib.MetricWriter(workdir)
@@ -611,6 +630,7 @@ def export_finetuned(workdir: str, checkpoint: str = "", export_format: str = "h
     if not fileio.exists(labels_path):
         raise FileNotFoundError(f"--checkpoint={checkpoint} has no {LABELS_FILE}: with configs/finetune.py, "
                                 "--mode=export takes a fine-tuned directory (WORKDIR/finetuned)")
+    _check_head_exports(checkpoint)
     with fileio.open_file(labels_path) as file:
         names = json.load(file)
     model_config = flax_files.config_from_ours(fileio.join(checkpoint, init_architecture.RUN_MODEL_CONFIG))

@@ -229,6 +229,7 @@ def _validate_downstream(config, num_devices: int, process_count: int, mode: str
         fail("data.vocab_file", "set it to the vocab.txt / .model / tokenizer directory the model was trained with")
     if data.format not in finetune_data.FORMATS + ("conll", "squad"):
         fail("data.format", f"choose one of {finetune_data.FORMATS + ('conll', 'squad')}")
+    _validate_token_encoder(config, bert_config, fail)
     if data.format == "conll":  # token classification: words and tags, no columns
         _validate_tagging(config, mode, fail)
         return
@@ -254,6 +255,18 @@ def _validate_downstream(config, num_devices: int, process_count: int, mode: str
         if config.features.pooling == "last4" and bert_config.num_layers < 4:
             raise ValueError(f"--config.features.pooling='last4' needs at least 4 layers; the model has "
                              f"{bert_config.num_layers}. Fix: pooling cls or mean")
+
+
+def _validate_token_encoder(config, bert_config: model_lib.BertConfig, fail) -> None:
+    encoder = config.train.encoder
+    if encoder not in model_lib.TOKEN_ENCODERS:
+        fail("train.encoder", f"choose one of {model_lib.TOKEN_ENCODERS}")
+    if encoder != "tuned" and config.data.format != "conll":
+        fail("train.encoder", "a frozen encoder's per-token features serve token classification only "
+             "(task=conll, data.format=conll). Fix: --config.train.encoder=tuned")
+    if encoder == "frozen_last4" and bert_config.num_layers < 4:
+        fail("train.encoder", f"needs at least 4 layers; the model has {bert_config.num_layers}. Fix: a deeper "
+             "model (--config.model.num_layers or --config.init), or --config.train.encoder=tuned")
 
 
 def _validate_tagging(config, mode: str, fail) -> None:

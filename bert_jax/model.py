@@ -33,6 +33,9 @@ ATTENTION_IMPLEMENTATIONS = attention_lib.ATTENTION_IMPLEMENTATIONS
 # dimensions), recomputing the rest, [batch, heads, length, length] scores included; "full" only the layer's input.
 REMAT_POLICIES = {"none": None, "matmuls": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
                   "full": jax.checkpoint_policies.nothing_saveable}
+# BertForTokenClassification.encoder (config.train.encoder): fine-tuned, or frozen with its last four layers as
+# features.
+TOKEN_ENCODERS = ("tuned", "frozen_last4")
 SCANNED_LAYERS = "layers"  # parameter name (and logical axis name of the leading axis) of scanned layers
 
 
@@ -418,15 +421,25 @@ class BertForTokenClassification(nn.Module):
 
     Its parameters are BertModel's without the pooler, plus `classifier` (kernel [hidden, num_labels]), as
     transformers' BertForTokenClassification. Returns `logits` ([batch, length, num_labels], float32).
+    `encoder` (TOKEN_ENCODERS): "tuned", the above; "frozen_last4", the paper's feature-based approach (section 5.3):
+    the encoder runs without dropout as a fixed feature extractor, each token's vector is its last four layers'
+    hidden states concatenated (last layer first, 4 * hidden wide; the model needs >= 4 layers) behind a
+    stop_gradient, and `classifier` (kernel [4 * hidden, num_labels]) is the only part that learns.
     """
 
     config: BertConfig
     num_labels: int
+    encoder: str = "tuned"
 
     @nn.compact
     def __call__(self, input_ids, input_mask, segment_ids, deterministic: bool = True) -> dict[str, Any]:
         config = self.config
-        x, _, _ = _encode(config, input_ids, input_mask, segment_ids, deterministic)
+        frozen = self.encoder == "frozen_last4"
+        x, hidden_states, _ = _encode(config, input_ids, input_mask, segment_ids, deterministic or frozen)
+        if frozen:
+            # stop_gradient: the backward pass ends at the head, never entering the encoder (the speed win); the
+            # optimizer keeps the encoder fixed too (bert_jax.optim, frozen=).
+            x = jax.lax.stop_gradient(jnp.concatenate([hidden_states[-k] for k in range(1, 5)], -1))
         return {"logits": _classifier(config, self.num_labels, "classifier")(_dropout(config, x, deterministic))}
 
 

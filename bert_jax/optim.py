@@ -1,4 +1,5 @@
-"""Optimizers and learning-rate schedules (optax): AdamW or LAMB, warmup then linear/polynomial decay, clipping.
+"""Optimizers and learning-rate schedules (optax): AdamW or LAMB, warmup then linear/polynomial decay, clipping,
+parameters held frozen.
 
 Gradient accumulation over micro-batches happens inside the train step (bert_jax.train), so that one optimizer
 step sees the gradient of the whole batch while only one micro-batch's activations are alive at a time.
@@ -63,8 +64,14 @@ def decay_mask(params):
     return jax.tree_util.tree_map_with_path(takes_decay, params)
 
 
-def create_optimizer(optim_config, num_steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
-    """The optimizer chain (clip by global norm, then AdamW or LAMB) and its schedule."""
+def create_optimizer(optim_config, num_steps: int, frozen=None) -> tuple[optax.GradientTransformation,
+                                                                         optax.Schedule]:
+    """The optimizer chain (clip by global norm, then AdamW or LAMB) and its schedule.
+
+    `frozen(name) -> bool`, given a top-level parameter name (e.g. model.is_encoder_parameter), names the parameters
+    to hold fixed: their updates are zero (optax.set_to_zero), so decoupled weight decay, which a zero gradient alone
+    would not stop, never shrinks them, and they hold no Adam/LAMB moments; clipping sees the others' gradients only.
+    """
     schedule = learning_rate_schedule(optim_config, num_steps)
     common = dict(learning_rate=schedule, b1=optim_config.b1, b2=optim_config.b2, eps=optim_config.eps,
                   weight_decay=optim_config.weight_decay, mask=decay_mask)
@@ -74,4 +81,10 @@ def create_optimizer(optim_config, num_steps: int) -> tuple[optax.GradientTransf
         optimizer = optax.lamb(**common)
     if optim_config.max_grad_norm > 0:
         optimizer = optax.chain(optax.clip_by_global_norm(optim_config.max_grad_norm), optimizer)
-    return optimizer, schedule
+    if frozen is None:
+        return optimizer, schedule
+
+    def labels(params):  # a prefix of the parameter tree: one label per top-level name
+        return {name: "frozen" if frozen(name) else "trained" for name in params}
+
+    return optax.multi_transform({"trained": optimizer, "frozen": optax.set_to_zero()}, labels), schedule

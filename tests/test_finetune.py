@@ -13,6 +13,7 @@ import sys
 import flax.linen as nn
 import jax
 import numpy as np
+import optax
 import pytest
 
 from bert_jax import checkpoint as checkpoint_lib
@@ -406,6 +407,9 @@ def test_tfds_sources_read_offline_and_fail_clearly(task, tmp_path, monkeypatch,
     ("data.vocab_file", "", r"--config.data.vocab_file='': set it"),
     ("data.format", "json", r"--config.data.format='json': choose one of"),
     ("optim.grad_accum_steps", 2, r"--config.optim.grad_accum_steps=2: fine-tuning does not accumulate"),
+    ("train.encoder", "frozen_last4", r"--config.train.encoder='frozen_last4': a frozen encoder's per-token "
+                                      r"features serve token classification only .* Fix: --config.train.encoder=tuned"),
+    ("train.encoder", "frozen", r"--config.train.encoder='frozen': choose one of \('tuned', 'frozen_last4'\)"),
 ])
 def test_config_errors_name_the_field(task, field, value, message):
     config = _config(task, mesh_shape=(-1, 1, 1))
@@ -639,6 +643,94 @@ def test_tagging_input_errors_name_the_file_and_the_fix(tmp_path):
     config.features.input_file = str(dev)
     with pytest.raises(ValueError, match=r"--mode=features embeds texts .*, not CoNLL files"):
         helpers.run_features(config, str(tmp_path / "work"))
+    config.train.encoder = "frozen_last4"
+    with pytest.raises(ValueError, match=r"--config.train.encoder='frozen_last4': needs at least 4 layers; the "
+                                         r"model has 2\. Fix: a deeper model"):
+        helpers.run_finetune(config, str(tmp_path / "work"))
+
+
+def test_a_frozen_last4_token_head_reads_four_layers_and_moves_alone():
+    """The feature-based head: logits from the last four layers' vectors (last first); no gradient reaches the
+    encoder; and the optimizer holds the encoder fixed, weight decay included, with no moments for it and clipping
+    over the head's gradients only."""
+    config = model_lib.BertConfig(vocab_size=97, hidden_size=32, num_layers=5, num_heads=4, intermediate_size=64,
+                                  max_position_embeddings=40)
+    rng = np.random.default_rng(0)
+    ids = rng.integers(1, 97, size=(2, 10)).astype(np.int32)
+    mask, segments = np.ones_like(ids), np.zeros_like(ids)
+    model = model_lib.BertForTokenClassification(config, 3, encoder="frozen_last4")
+    params = nn.meta.unbox(model.init(jax.random.key(0), ids, mask, segments)["params"])
+    tuned_names = nn.meta.unbox(model_lib.BertForTokenClassification(config, 3).init(
+        jax.random.key(0), ids, mask, segments)["params"])
+    assert jax.tree.map(np.shape, {k: v for k, v in params.items() if k != "classifier"}) == \
+        jax.tree.map(np.shape, {k: v for k, v in tuned_names.items() if k != "classifier"})
+    assert params["classifier"]["kernel"].shape == (4 * 32, 3)
+    encoder = model_lib.BertModel(config)
+    pooler = nn.meta.unbox(encoder.init(jax.random.key(1), ids, mask, segments)["params"])["pooler"]  # unused here
+    hidden = encoder.apply({"params": dict({k: v for k, v in params.items() if k != "classifier"}, pooler=pooler)},
+                           ids, mask, segments)["hidden_states"]
+    features = np.concatenate([hidden[5], hidden[4], hidden[3], hidden[2]], -1)
+    np.testing.assert_allclose(model.apply({"params": params}, ids, mask, segments)["logits"],
+                               features @ params["classifier"]["kernel"] + params["classifier"]["bias"],
+                               rtol=1e-5, atol=1e-5)
+    grads = jax.jit(jax.grad(lambda p: model.apply({"params": p}, ids, mask, segments, deterministic=False,
+                                           rngs={"dropout": jax.random.key(1)})["logits"].sum()))(params)
+    assert all(not np.any(leaf) for name in params if name != "classifier" for leaf in jax.tree.leaves(grads[name]))
+
+    optim_config = finetune_configs.get_config("task=conll").optim
+    optim_config.learning_rate, optim_config.weight_decay, optim_config.warmup_steps = 1e-2, 0.1, 0
+    tx, _ = optim.create_optimizer(optim_config, 10, frozen=model_lib.is_encoder_parameter)
+    state = tx.init(params)
+    moments = [leaf for leaf in jax.tree.leaves(state) if np.ndim(leaf) > 0]
+    assert sum(np.size(leaf) for leaf in moments) == 2 * sum(np.size(leaf) for leaf in
+                                                              jax.tree.leaves(params["classifier"]))
+    huge = jax.tree.map(lambda g: np.full_like(g, 1e6), grads)  # an encoder gradient as large as any
+    huge["classifier"] = grads["classifier"]
+    head_updates = []
+    for encoder_grads in (grads, huge):
+        updates, _ = jax.jit(tx.update)(encoder_grads, state, params)
+        moved = optax.apply_updates(params, updates)
+        for name in params:
+            same = jax.tree.map(np.array_equal, moved[name], params[name])
+            assert all(jax.tree.leaves(same)) == (name != "classifier"), name
+        head_updates.append(updates["classifier"])
+    jax.tree.map(np.testing.assert_array_equal, *head_updates)  # clipping never saw the encoder's gradient
+
+
+@pytest.mark.filterwarnings(r"ignore:the load_module\(\) method is deprecated:DeprecationWarning")
+def test_feature_based_tagging_learns_on_a_frozen_encoder_that_never_moves(tmp_path, monkeypatch, driver):
+    """README's task=conll,encoder=frozen_last4 command as written (tiny with 4 layers, from scratch: a randomly
+    initialised frozen encoder): entity F1 on the 160 held-out sentences >= 0.9, the encoder saved exactly as
+    initialised; export refuses it; and a feature-based run from its directory (--config.init) keeps that encoder
+    bit for bit while its fresh head moves."""
+    recipe = "configs/finetune.py:task=conll,encoder=frozen_last4"
+    command = _readme_command("finetune", recipe)
+    assert not [arg for arg in command if arg.startswith(("--config.optim", "--config.train"))]
+    monkeypatch.chdir(helpers.ROOT)  # the command names configs/ and tests/fixtures/ from the repository root
+    first, second = tmp_path / "frozen", tmp_path / "from_frozen"
+    driver([arg.replace("/tmp/bert_jax_tag_frozen", str(first)) for arg in command[3:]])
+    final = json.loads((first / "metrics.jsonl").read_text().splitlines()[-1])
+    assert final["eval_f1"] >= 0.9, final
+    saved = first / finetune.FINETUNED_SUBDIR
+    assert json.loads((saved / finetune.TASK_FILE).read_text()) == {"task": "tokens", "encoder": "frozen_last4"}
+    with pytest.raises(ValueError, match=r"head.json says train.encoder=frozen_last4, a head on the last four "
+                                         r"layers that transformers' BertForTokenClassification cannot represent"):
+        driver(["--mode=export", "--config=configs/finetune.py", f"--workdir={first}"])
+
+    driver([arg.replace("/tmp/bert_jax_tag_frozen", str(second)) for arg in command[3:]] +
+           [f"--config.init={saved}", "--config.train.num_steps=3"])
+    model = model_lib.BertForTokenClassification(
+        flax_files.config_from_ours(str(saved / init_architecture.RUN_MODEL_CONFIG)), 4, encoder="frozen_last4")
+    ids = np.zeros((1, 8), np.int32)
+    # The fresh parameters both runs started from: finetune's initialisation (train.seed 0).
+    fresh = sharding_lib.unbox(model.init({"params": jax.random.split(jax.random.key(0))[0]}, ids, ids, ids)["params"])
+    params = [export.restore_model_params(str(run / finetune.FINETUNED_SUBDIR), model, ids, ids, ids)
+              for run in (first, second)]
+    for before, after in ((fresh, params[0]), (params[0], params[1])):
+        for name in after:
+            if model_lib.is_encoder_parameter(name):
+                jax.tree.map(np.testing.assert_array_equal, after[name], before[name])
+        assert not np.allclose(after["classifier"]["kernel"], fresh["classifier"]["kernel"])
 
 
 def _assert_the_export_loads_in_transformers(driver, recipe, workdir, labels, texts):

@@ -5,6 +5,7 @@ should not pay that in the process that feeds the workers.
 """
 
 import glob as glob_lib
+import json
 import os
 import posixpath
 
@@ -68,3 +69,9 @@ def open_file(path: str, mode: str = "r"):
     if is_remote(path):
         return _gfile().GFile(path, mode)
     return open(path, mode, encoding=None if "b" in mode else "utf-8")  # pylint: disable=consider-using-with
+
+
+def write_json(path: str, value) -> None:
+    """`value` as indented JSON (a trailing newline), for the small metadata and prediction files."""
+    with open_file(path, "w") as file:
+        file.write(json.dumps(value, indent=2) + "\n")

@@ -1,12 +1,13 @@
-"""Fine-tuning for sentence / sentence-pair classification, and feature extraction, from any BERT checkpoint.
+"""Fine-tuning (sentence / sentence-pair classification, token classification, extractive question answering) and
+feature extraction, from any BERT checkpoint.
 
-`finetune(config, workdir)` trains BertForSequenceClassification (encoder + pooler + dropout + linear classifier)
-on a CSV/TSV file or a prepared TFDS dataset with a cross-entropy loss, sharded like pretraining: the state is born
-sharded over the config's mesh, the pure steps are jitted with explicit shardings, the batch runs over the batch
-axes. It reports train loss/accuracy and held-out accuracy to the log, WORKDIR/metrics.jsonl and TensorBoard, and
-saves the final parameters with Orbax to WORKDIR/finetuned/state (the layout of a pretraining checkpoint step, so
-`checkpoint.restore_params` and `--config.init` read it back on any mesh), beside labels.json (class names in id
-order), model_config.json, head.json (the token head's kind, train.encoder) and the tokenizer.
+`finetune(config, workdir)` trains the task's model (bert_jax.tasks: which examples, labels, head and held-out
+scores) with its cross-entropy loss, sharded like pretraining: the state is born sharded over the config's mesh, the
+pure steps are jitted with explicit shardings, the batch runs over the batch axes. It reports train loss/accuracy and
+the held-out scores to the log, WORKDIR/metrics.jsonl and TensorBoard, writes the held-out predictions, and saves the
+final parameters with Orbax to WORKDIR/finetuned/state (the layout of a pretraining checkpoint step, so
+`checkpoint.restore_params` and `--config.init` read it back on any mesh), beside task.json (the head),
+labels.json (class names in id order), model_config.json and the tokenizer.
 
 `extract_features(config, workdir)` writes one embedding per input text, in input order, to a .npy file.
 
@@ -14,7 +15,7 @@ Both take a config from `bert_jax.job_config.prepare` and start from `config.ini
 (pretraining or fine-tuned) or, through `bert_jax.interop.pretrained.load_pretrained`, a HuggingFace / original-TF
 checkpoint or a Flax export, whose architecture (and tokenizer, unless data.vocab_file is set) `prepare` gave the
 config. Only the encoder and pooler are read (their names are shared with
-BertForPreTraining, see bert_jax.model); the classifier always starts fresh.
+BertForPreTraining, see bert_jax.model); the head always starts fresh.
 Examples are held in memory as numpy arrays (GLUE-sized data fits easily) and every process reads them all,
 then feeds its own rows of each global batch.
 """
@@ -41,7 +42,6 @@ from bert_jax import checkpoint as checkpoint_lib
 from bert_jax.data import conll
 from bert_jax import divergence
 from bert_jax.data import finetune_data
-from bert_jax.data import squad
 from bert_jax import fileio
 from bert_jax import metrics as metrics_lib
 from bert_jax import model as model_lib
@@ -49,15 +49,13 @@ from bert_jax import optim
 from bert_jax.interop import init_architecture
 from bert_jax.interop import pretrained
 from bert_jax import sharding as sharding_lib
+from bert_jax import tasks
 from bert_jax.data import tokenization
 from bert_jax.train import TrainState, apply_gradients, dropout_key, jit_train_step
 
 FINETUNED_SUBDIR = "finetuned"
 LABELS_FILE = "labels.json"
-PREDICTIONS_FILE = "eval_predictions.txt"  # tagging: WORKDIR/eval_predictions.txt, data.eval_file's layout
-QA_PREDICTIONS_FILE = "predictions.json"  # question answering: {question id: answer}, the official format
-TASK_FILE = "task.json"  # beside labels.json: {"task": one of TASK_KINDS, "encoder": train.encoder}, the head
-TASK_KINDS = ("sequence", "tokens", "qa")
+TASK_FILE = "task.json"  # beside labels.json: {"task": one of tasks.KINDS, "encoder": train.encoder}, the head
 
 
 
@@ -261,104 +259,6 @@ def _evaluate(eval_step, params, encoded, labels, batch_size, batch_sharding, ro
     return {"eval_loss": totals["loss_sum"] / totals["count"], "eval_accuracy": totals["correct"] / totals["count"]}
 
 
-@dataclasses.dataclass
-class _Task:
-    """The labelled examples, tokenized, with their class names: sentences' classes (labels [rows]), or, for CoNLL
-    files, words' tags (labels [rows, length], conll.IGNORE where nothing is scored)."""
-    names: list[str]  # class (tag) names in id order
-    train_encoded: dict
-    train_labels: np.ndarray
-    eval_encoded: dict | None = None
-    eval_labels: np.ndarray | None = None
-    eval_sentences: list[conll.Sentence] | None = None  # tagging: the held-out sentences, for entity scores
-    eval_rows: conll.Rows | None = None  # tagging: which words each held-out row holds
-    kind: str = "sequence"  # one of TASK_KINDS; "qa": labels [rows, 2] (answer start, end piece; 0: no answer)
-    eval_examples: list[squad.Example] | None = None  # qa: the held-out questions
-    eval_windows: squad.Windows | None = None  # qa: which question and passage pieces each held-out row holds
-
-    @property
-    def tagging(self) -> bool:
-        return self.kind == "tokens"
-
-
-def _read_task(config, tokenizer) -> _Task:
-    data = config.data
-    if data.format == "conll":
-        return _read_tagging_task(config, tokenizer)
-    if data.format == "squad":
-        return _read_qa_task(config, tokenizer)
-    train_examples = finetune_data.read_examples(data.train_file, data)
-    names = finetune_data.label_names(train_examples, data)
-    logging.info("%d classes (id: name): %s", len(names), ", ".join(f"{i}: {n}" for i, n in enumerate(names)))
-    task = _Task(names, finetune_data.encode_examples(tokenizer, train_examples, data.max_seq_length),
-                 finetune_data.label_ids(train_examples, names))
-    if data.eval_file:
-        eval_examples = finetune_data.read_examples(data.eval_file, data, field="data.eval_file")
-        task.eval_labels = finetune_data.label_ids(eval_examples, names)
-        task.eval_encoded = finetune_data.encode_examples(tokenizer, eval_examples, data.max_seq_length)
-    return task
-
-
-def _read_tagging_task(config, tokenizer) -> _Task:
-    data = config.data
-    train_sentences = conll.read_conll(data.train_file)
-    tags = sorted({tag for sentence in train_sentences for tag in sentence.tags})
-    names = finetune_data.split_names(data.label_names) or tags
-    if set(tags) - set(names):
-        raise ValueError(f"--config.data.train_file={data.train_file} has tags {sorted(set(tags) - set(names))} that "
-                         f"--config.data.label_names={data.label_names!r} does not name. Fix: name every tag, or "
-                         "leave label_names empty (the training file's tags, sorted)")
-    logging.info("%d tags (id: name): %s", len(names), ", ".join(f"{i}: {n}" for i, n in enumerate(names)))
-    ids = {name: index for index, name in enumerate(names)}
-    rows = conll.encode(tokenizer, train_sentences, ids, data.max_seq_length)
-    logging.info("%d training sentences in %d rows of data.max_seq_length=%d", len(train_sentences),
-                 len(rows.labels), data.max_seq_length)
-    task = _Task(names, rows.arrays(), rows.labels, kind="tokens")
-    if data.eval_file:
-        sentences = conll.read_conll(data.eval_file, field="data.eval_file")
-        unknown = sorted({tag for sentence in sentences for tag in sentence.tags} - set(names))
-        if unknown:
-            raise ValueError(f"--config.data.eval_file={data.eval_file} has tags {unknown} that the training file "
-                             f"{data.train_file} never uses: the two files' tag sets differ. Fix: files of one tag "
-                             "set (IOB1 or IOB2 alike), or name every tag in --config.data.label_names")
-        task.eval_rows = conll.encode(tokenizer, sentences, ids, data.max_seq_length)
-        task.eval_encoded, task.eval_labels = task.eval_rows.arrays(), task.eval_rows.labels
-        task.eval_sentences = sentences
-    return task
-
-
-def _read_qa_task(config, tokenizer) -> _Task:
-    """SQuAD questions as windows of [CLS] question [SEP] passage [SEP], labelled with the answer's first and last
-    piece (both 0, [CLS], where the window holds no answer)."""
-    data = config.data
-
-    def read(path, field):
-        examples = squad.read_squad(path, field, training=field == "data.train_file")
-        unanswerable = sum(example.is_impossible for example in examples)
-        if unanswerable and not data.version_2_with_negative:
-            raise ValueError(f"--config.{field}={path} has {unanswerable} questions without an answer (SQuAD v2.0). "
-                             "Fix: --config.data.version_2_with_negative=True")
-        windows = squad.encode(tokenizer, examples, data.max_seq_length, data.doc_stride, data.max_query_length)
-        logging.info("%s: %d questions in %d windows of data.max_seq_length=%d", path, len(examples),
-                     len(windows.example), data.max_seq_length)
-        return examples, windows, np.stack([windows.start_positions, windows.end_positions], -1).astype(np.int32)
-
-    _, windows, labels = read(data.train_file, "data.train_file")
-    task = _Task([], windows.arrays(), labels, kind="qa")
-    if data.eval_file:
-        task.eval_examples, task.eval_windows, task.eval_labels = read(data.eval_file, "data.eval_file")
-        task.eval_encoded = task.eval_windows.arrays()
-    return task
-
-
-def _task_model(task: _Task, model_config: model_lib.BertConfig) -> nn.Module:
-    if task.kind == "qa":
-        return model_lib.BertForQuestionAnswering(model_config)
-    if task.kind == "tokens":
-        return model_lib.BertForTokenClassification(model_config, len(task.names))
-    return model_lib.BertForSequenceClassification(model_config, len(task.names))
-
-
 def _create_optimizer(config, num_examples: int):
     """(tx, schedule, num_steps): train.num_steps, or train.num_epochs over the examples; warmup in proportion."""
     train = config.train
@@ -372,16 +272,16 @@ def _create_optimizer(config, num_examples: int):
     return tx, schedule, num_steps
 
 
-def _write_model_files(output_dir: str, task: _Task, encoder: str, model_config: model_lib.BertConfig,
+def _write_model_files(output_dir: str, task: tasks.Task, encoder: str, model_config: model_lib.BertConfig,
                        tokenizer) -> None:
     """What --config.init=WORKDIR/finetuned and the export read beside the parameters: the head (which the
     parameters alone do not tell: a feature-based token head reads four layers), classes, architecture,
     vocabulary. Written by every run, so that no earlier run's files stay behind."""
     if jax.process_index() == 0:
         fileio.makedirs(output_dir)
-        _write_json(fileio.join(output_dir, TASK_FILE), {"task": task.kind, "encoder": encoder})
-        _write_json(fileio.join(output_dir, LABELS_FILE), task.names)
-        _write_json(fileio.join(output_dir, init_architecture.RUN_MODEL_CONFIG), dataclasses.asdict(model_config))
+        fileio.write_json(fileio.join(output_dir, TASK_FILE), {"task": task.kind, "encoder": encoder})
+        fileio.write_json(fileio.join(output_dir, LABELS_FILE), task.names)
+        fileio.write_json(fileio.join(output_dir, init_architecture.RUN_MODEL_CONFIG), dataclasses.asdict(model_config))
         tokenizer.save(output_dir)
 
 
@@ -416,11 +316,9 @@ def finetune(config, workdir: str) -> dict[str, float]:
     metrics (with eval_accuracy)."""
     # Data, model and optimizer.
     tokenizer, source, mesh, rules = _setup(config)
-    task = _read_task(config, tokenizer)
+    task = tasks.read_task(config, tokenizer)
     tx, schedule, num_steps = _create_optimizer(config, len(task.train_labels))
-    model = _task_model(task, source.model_config)
-    if task.tagging:  # fine-tuned, or a head on the frozen encoder's features (train.encoder)
-        model = model.clone(encoder=config.train.encoder)
+    model = tasks.task_model(task, source.model_config, config.train.encoder)
     output_dir = fileio.join(workdir, FINETUNED_SUBDIR)
     _write_model_files(output_dir, task, config.train.encoder, source.model_config, tokenizer)
     train = config.train
@@ -456,14 +354,11 @@ def finetune(config, workdir: str) -> dict[str, float]:
             if evaluate:
                 scalars.update(_evaluate(eval_step, state.params, task.eval_encoded, task.eval_labels,
                                          train.batch_size, batch_sharding, rows))
-                if task.tagging:
-                    predicted = _predict_tags(predict_step, state.params, task, train.batch_size, batch_sharding,
-                                              rows)
-                    scalars.update(_entity_scores(task.eval_sentences, predicted))
-                if task.kind == "qa":
-                    predicted = _predict_answers(predict_step, state.params, task, config.data, train.batch_size,
-                                                 batch_sharding, rows)
-                    scalars.update(_answer_scores(task.eval_examples, predicted[0]))
+                if task.kind != "sequence":
+                    outputs = _in_order(predict_step, state.params, task.eval_encoded, train.batch_size,
+                                        batch_sharding, rows)
+                    scores, predicted = tasks.held_out_scores(task, outputs, config.data)
+                    scalars.update(scores)
             logging.info("step %d/%d | %s", step, num_steps, " | ".join(f"{k} {v:.4g}" for k, v in scalars.items()))
             writer.write(step, scalars)
             last = dict(scalars, step=step)
@@ -477,44 +372,8 @@ def finetune(config, workdir: str) -> dict[str, float]:
     writer.close()
     logging.info("fine-tuned parameters saved to %s (classes in %s)", output_dir, LABELS_FILE)
     if predicted is not None and jax.process_index() == 0:
-        _write_predictions(workdir, task, predicted)
+        tasks.write_predictions(workdir, task, predicted)
     return last
-
-
-def _write_predictions(workdir: str, task: _Task, predicted) -> None:
-    if task.tagging:
-        path = fileio.join(workdir, PREDICTIONS_FILE)
-        conll.write_predictions(path, task.eval_sentences, predicted)
-        logging.info("held-out predictions (token, gold tag, predicted tag) written to %s", path)
-        return
-    answers, nbest, null_odds = predicted
-    path = fileio.join(workdir, QA_PREDICTIONS_FILE)
-    squad.write_predictions(path, answers)
-    _write_json(fileio.join(workdir, "nbest_predictions.json"), nbest)
-    if null_odds:
-        _write_json(fileio.join(workdir, "null_odds.json"), null_odds)
-    logging.info("held-out answers written to %s (and the n best of each to nbest_predictions.json)", path)
-
-
-def _predict_answers(logits_step, params, task: _Task, data, batch_size: int, batch_sharding, rows):
-    """(answers, nbest, null_odds) of the held-out questions, by squad.predict over every window's start and end
-    scores."""
-    logits = _in_order(logits_step, params, task.eval_encoded, batch_size, batch_sharding, rows)
-    return squad.predict(task.eval_examples, task.eval_windows, logits[:, 0], logits[:, 1], data.n_best_size,
-                         data.max_answer_length, data.version_2_with_negative, data.null_score_diff_threshold)
-
-
-def _answer_scores(examples, answers) -> dict[str, float]:
-    """Exact match and F1 (fractions) with the official SQuAD normalisation, the best over each question's answers."""
-    scores = squad.evaluate(examples, answers)
-    return {"eval_exact_match": float(scores["exact_match"]), "eval_f1": float(scores["f1"])}
-
-
-def _predict_tags(predict_step, params, task: _Task, batch_size: int, batch_sharding, rows) -> list[list[str]]:
-    """The predicted tag of every word of the held-out sentences (read at each word's first piece)."""
-    predicted = _in_order(predict_step, params, task.eval_encoded, batch_size, batch_sharding, rows)
-    per_word = conll.words_of_rows(task.eval_rows, task.eval_sentences, predicted)
-    return [[task.names[label] for label in labels] for labels in per_word]
 
 
 def _in_order(step, params, encoded: dict, batch_size: int, batch_sharding, rows) -> np.ndarray:
@@ -525,17 +384,6 @@ def _in_order(step, params, encoded: dict, batch_size: int, batch_sharding, rows
         local = finetune_data.local_batch(encoded, None, indices, rows)
         blocks.append(np.asarray(step(params, sharding_lib.make_global_batch(local, batch_sharding)))[indices >= 0])
     return np.concatenate(blocks)
-
-
-def _entity_scores(sentences: list[conll.Sentence], predicted: list[list[str]]) -> dict[str, float]:
-    """Entity-level precision, recall and F1 as CoNLL's conlleval counts them (an entity counts only with its exact
-    span and type), by seqeval, over IOB2 forms of both tag sequences."""
-    from seqeval import metrics as seqeval_metrics  # pylint: disable=import-outside-toplevel
-    gold = [conll.to_iob2(sentence.tags) for sentence in sentences]
-    guess = [conll.to_iob2(tags) for tags in predicted]
-    return {"eval_precision": float(seqeval_metrics.precision_score(gold, guess, zero_division=0)),
-            "eval_recall": float(seqeval_metrics.recall_score(gold, guess, zero_division=0)),
-            "eval_f1": float(seqeval_metrics.f1_score(gold, guess, zero_division=0))}
 
 
 def _window_scalars(monitor, host: list[dict], step: int, output_dir: str) -> dict[str, float]:
@@ -594,11 +442,6 @@ def extract_features(config, workdir: str) -> str:
     return output
 
 
-def _write_json(path: str, value) -> None:
-    with fileio.open_file(path, "w") as f:
-        f.write(json.dumps(value, indent=2) + "\n")
-
-
 def _saved_task_kind(checkpoint: str) -> str:
     """The head a fine-tuned directory's parameters feed: its task.json, or (written before task.json existed)
     token classification when the parameters have no pooler."""
@@ -606,8 +449,8 @@ def _saved_task_kind(checkpoint: str) -> str:
     if fileio.exists(path):
         with fileio.open_file(path) as file:
             kind = json.load(file).get("task")
-        if kind not in TASK_KINDS:
-            raise ValueError(f"{path}: task {kind!r} is none of {TASK_KINDS}; the directory was not written by "
+        if kind not in tasks.KINDS:
+            raise ValueError(f"{path}: task {kind!r} is none of {tasks.KINDS}; the directory was not written by "
                              "--mode=finetune")
         return kind
     saved = checkpoint_lib.state_metadata(str(checkpoint_lib.step_directory(checkpoint)))["train_state"]["params"]
@@ -635,9 +478,9 @@ def export_finetuned(workdir: str, checkpoint: str = "", export_format: str = "h
         names = json.load(file)
     model_config = flax_files.config_from_ours(fileio.join(checkpoint, init_architecture.RUN_MODEL_CONFIG))
     kind = _saved_task_kind(checkpoint)
-    task = _Task(names, {}, np.zeros(0), kind=kind)
+    task = tasks.Task(names, {}, np.zeros(0), kind=kind)
     ids = np.zeros((1, 8), np.int32)
-    params = export.restore_model_params(checkpoint, _task_model(task, model_config), ids, ids, ids)
+    params = export.restore_model_params(checkpoint, tasks.task_model(task, model_config), ids, ids, ids)
     huggingface.export_hf_classifier(params, model_config, output, names, tokenization.load_tokenizer(checkpoint))
     logging.info("%s model exported for transformers", {"sequence": "sequence classification", "tokens":
                  "token classification", "qa": "question answering"}[kind])

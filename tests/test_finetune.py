@@ -26,6 +26,7 @@ from bert_jax import optim
 from bert_jax.interop import init_architecture
 from bert_jax.interop import pretrained as pretrained_lib
 from bert_jax import sharding as sharding_lib
+from bert_jax import tasks
 from bert_jax import train
 from bert_jax.data import finetune_data
 from bert_jax.data import tokenization
@@ -616,7 +617,7 @@ def test_token_classification_learns_the_tagging_task_through_the_driver(tmp_pat
     assert final["eval_f1"] >= 0.9 and final["eval_precision"] > 0 and final["eval_recall"] > 0, final
     assert json.loads((workdir / finetune.FINETUNED_SUBDIR / finetune.LABELS_FILE).read_text()) == \
         ["B-MOD", "B-TYPE", "I-MOD", "O"]
-    lines = (workdir / finetune.PREDICTIONS_FILE).read_text().split("\n")
+    lines = (workdir / tasks.PREDICTIONS_FILE).read_text().split("\n")
     expected = (helpers.ROOT + "/tests/fixtures/tagging_task/dev.txt")
     gold = open(expected, encoding="utf-8").read().split("\n")
     assert len(lines) == len(gold)
@@ -713,7 +714,7 @@ def test_feature_based_tagging_learns_on_a_frozen_encoder_that_never_moves(tmp_p
     assert final["eval_f1"] >= 0.9, final
     saved = first / finetune.FINETUNED_SUBDIR
     assert json.loads((saved / finetune.TASK_FILE).read_text()) == {"task": "tokens", "encoder": "frozen_last4"}
-    with pytest.raises(ValueError, match=r"head.json says train.encoder=frozen_last4, a head on the last four "
+    with pytest.raises(ValueError, match=r"task.json says train.encoder=frozen_last4, a head on the last four "
                                          r"layers that transformers' BertForTokenClassification cannot represent"):
         driver(["--mode=export", "--config=configs/finetune.py", f"--workdir={first}"])
 

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from bert_jax import finetune
+from bert_jax import tasks
 from bert_jax import model as model_lib
 from bert_jax.data import squad
 from bert_jax.interop import export
@@ -32,7 +33,7 @@ def test_question_answering_learns_the_qa_task_through_the_driver(tmp_path, monk
     driver([arg.replace("/tmp/bert_jax_qa", str(workdir)) for arg in command[3:]])
     final = json.loads((workdir / "metrics.jsonl").read_text().splitlines()[-1])
     assert final["eval_exact_match"] >= 0.9 and final["eval_f1"] >= 0.9, final
-    predictions = json.loads((workdir / finetune.QA_PREDICTIONS_FILE).read_text())
+    predictions = json.loads((workdir / tasks.QA_PREDICTIONS_FILE).read_text())
     examples = squad.read_squad(f"{QA_TASK}/dev.json", training=False)
     assert sorted(predictions) == sorted(example.qas_id for example in examples)
     assert all(isinstance(text, str) for text in predictions.values())

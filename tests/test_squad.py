@@ -348,15 +348,12 @@ QA_TEMPLATES = (
 
 
 def _qa_paragraph(rng, index, seed, questions):
-    """A paragraph of 3 to 5 template sentences about distinct named things, and up to `questions` questions."""
-    sentences, facts, subjects = [], [], set()
-    while len(sentences) < int(rng.integers(3, 6)):
-        kind, names, sentence, question, answers = QA_TEMPLATES[int(rng.integers(len(QA_TEMPLATES)))]
-        name = str(rng.choice(names))
-        if (kind, name) in subjects:
-            continue
-        subjects.add((kind, name))
-        answer = str(rng.choice(answers))
+    """A paragraph of 3 or 4 template sentences, each of another template (so the question's kind and relation
+    words point at one sentence), and up to `questions` questions."""
+    sentences, facts = [], []
+    for template in rng.permutation(len(QA_TEMPLATES))[:int(rng.integers(3, 5))]:
+        kind, names, sentence, question, answers = QA_TEMPLATES[int(template)]
+        name, answer = str(rng.choice(names)), str(rng.choice(answers))
         prefix = " ".join(sentences + [sentence.split("{answer}")[0].format(name=name)])
         facts.append((question.format(name=name), answer, len(prefix)))
         sentences.append(sentence.format(name=name, answer=answer))

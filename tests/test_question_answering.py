@@ -22,17 +22,17 @@ QA_TASK = f"{helpers.ROOT}/tests/fixtures/qa_task"
 
 @pytest.mark.filterwarnings(r"ignore:the load_module\(\) method is deprecated:DeprecationWarning")
 def test_question_answering_learns_the_qa_task_through_the_driver(tmp_path, monkeypatch, driver):
-    """README's task=squad command as written, with the recipe's defaults: exact match and F1 on the 160 held-out
-    questions high, predictions.json in the official format holding them, and the export's start and end logits in
-    transformers equal to ours."""
+    """README's task=squad command as written, with the recipe's defaults (tiny, from scratch, the original uncased
+    vocabulary): exact match and F1 on the 160 held-out questions >= 0.8, predictions.json in the official format
+    holding them, and the export's start and end logits in transformers equal to ours."""
+    workdir = tmp_path / "qa"
     command = _readme_command("finetune", "configs/finetune.py:task=squad")
     assert command[:3] == ["python", "-m", "bert_jax.main"]
     assert not [arg for arg in command if arg.startswith(("--config.optim", "--config.train"))]
     monkeypatch.chdir(helpers.ROOT)  # the command names configs/ and tests/fixtures/ from the repository root
-    workdir = tmp_path / "qa"
     driver([arg.replace("/tmp/bert_jax_qa", str(workdir)) for arg in command[3:]])
     final = json.loads((workdir / "metrics.jsonl").read_text().splitlines()[-1])
-    assert final["eval_exact_match"] >= 0.9 and final["eval_f1"] >= 0.9, final
+    assert final["eval_exact_match"] >= 0.8 and final["eval_f1"] >= 0.8, final
     predictions = json.loads((workdir / tasks.QA_PREDICTIONS_FILE).read_text())
     examples = squad.read_squad(f"{QA_TASK}/dev.json", training=False)
     assert sorted(predictions) == sorted(example.qas_id for example in examples)

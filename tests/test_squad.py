@@ -366,7 +366,7 @@ def _qa_paragraph(rng, index, seed, questions):
 
 def squad_examples(count, seed):
     """A SQuAD v1.1 dataset of `count` questions, two per paragraph, over Python-documentation words.
-    tests/fixtures/qa_task holds train.json = squad_examples(320, 0) and dev.json = squad_examples(160, 1); with
+    tests/fixtures/qa_task holds train.json = squad_examples(1280, 0) and dev.json = squad_examples(160, 1); with
     the uncased BERT vocabulary every question and paragraph fits one window of 96 pieces (at most 69)."""
     rng = np.random.default_rng(seed)
     paragraphs = []
@@ -381,14 +381,14 @@ def _qa_task_text(count, seed):
 
 
 def test_the_shipped_qa_task_is_its_generators_output():
-    for name, count, seed in (("train.json", 320, 0), ("dev.json", 160, 1)):
+    for name, count, seed in (("train.json", 1280, 0), ("dev.json", 160, 1)):
         with open(os.path.join(QA_TASK, name), encoding="utf-8") as f:
             assert f.read() == _qa_task_text(count, seed), name
 
 
 def test_the_qa_task_reads_encodes_and_round_trips_with_peaked_logits(tokenizer):
     examples = squad.read_squad(os.path.join(QA_TASK, "train.json"))
-    assert len(examples) == 320 and len({e.qas_id for e in examples}) == 320
+    assert len(examples) == 1280 and len({e.qas_id for e in examples}) == 1280
     for example in examples:  # the question's kind and name open exactly one sentence of its paragraph
         subject = re.search(r" the (\w+ \w+)", example.question).group(1)
         assert example.context.count(f"The {subject} will ") == 1, example.qas_id

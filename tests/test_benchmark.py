@@ -1,5 +1,6 @@
 """Smoke test of the train-step benchmark (bert_jax.benchmarks.step): figures present and consistent, never timed."""
 
+import json
 import os
 import re
 import subprocess
@@ -228,3 +229,50 @@ def test_finetune_benchmark_task_labels_follow_the_keyword(tmp_path):
     assert len(rows) == 50 and {label for _, label in rows} == {"0", "1"}
     assert all(("keyword" in sentence.split()) == (label == "1") for sentence, label in rows)
     assert all(set(sentence.split()) <= set(words) for sentence, _ in rows)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task", ["tokens", "qa"])
+def test_finetune_benchmark_times_token_classification_and_question_answering(task, tmp_path):
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    env = {name: value for name, value in os.environ.items() if name not in ("JAX_PLATFORMS", "XLA_FLAGS")}
+    out = tmp_path / "result.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "bert_jax.benchmarks.finetune", f"--task={task}", "--steps=4", "--log_every=2",
+         "--rounds=1", "--examples=32", "--layers=1", "--hidden=32", "--heads=2", "--intermediate=64",
+         "--vocab_size=300", "--seq_length=32", "--batch_size=8", f"--json_out={out}"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=280, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.startswith(f"task: {task}, 32 ")
+    runs = json.loads(out.read_text())
+    assert [(run["round"], run["side"], run["task"]) for run in runs] == [(1, "jax", task), (1, "torch", task)]
+    for run in runs:
+        assert len(run["windows_s"]) == 2 and min(run["windows_s"]) > 0  # 4 steps in windows of 2
+        assert run["steady_examples_per_s"] > 0 and run["job_s"] > 0 and run["peak_rss_gib"] > 0
+    torch_run = runs[1]
+    assert torch_run["threads"] >= 1 and "transformers" in torch_run["versions"]
+    assert torch_run["rows"] >= 32  # a CoNLL sentence fills one row or more; a question one window or more
+    assert f"round 1 torch: steady {torch_run['steady_examples_per_s']:.1f} examples/s" in result.stdout
+
+
+def test_finetune_benchmark_writes_valid_conll_and_squad_tasks(tmp_path):
+    from bert_jax.benchmarks import finetune as finetune_benchmark  # pylint: disable=import-outside-toplevel
+    from bert_jax.data import conll, squad, tokenization  # pylint: disable=import-outside-toplevel
+    vocab, table = finetune_benchmark.write_task(str(tmp_path), examples=40, vocab_size=100, task="tokens")
+    words = set(open(vocab, encoding="utf-8").read().split())
+    sentences = conll.read_conll(table)
+    tags = {tag for sentence in sentences for tag in sentence.tags}
+    assert len(sentences) == 40 and tags == {"O"} | {f"{p}-{e}" for p in "BI" for e in ("PER", "ORG", "LOC", "MISC")}
+    assert all(conll.to_iob2(sentence.tags) == sentence.tags for sentence in sentences)  # IOB2 already
+    assert all(set(sentence.words) <= words for sentence in sentences)
+
+    vocab, path = finetune_benchmark.write_task(str(tmp_path), examples=40, vocab_size=100, task="qa")
+    examples = squad.read_squad(path)  # every answer lies at its answer_start, none skipped
+    assert len(examples) == 40 and all(len(example.answers) == 1 for example in examples)
+    windows = squad.encode(tokenization.load_tokenizer(vocab, do_lower_case=True), examples, 32, 8, 8)
+    # Every answer lies wholly in some window: its pieces there are its words.
+    for index, example in enumerate(examples):
+        row = next(row for row in np.flatnonzero(windows.example == index) if windows.start_positions[row] > 0)
+        span = windows.input_ids[row, windows.start_positions[row]:windows.end_positions[row] + 1]
+        assert len(span) == len(example.answers[0].split())

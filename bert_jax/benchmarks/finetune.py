@@ -1,17 +1,22 @@
 """Fine-tuning benchmark: bert_jax's fine-tuning job against transformers' loop, same model shape, same data.
 
-`python -m bert_jax.benchmarks.finetune --steps=60 --rounds=2`
+`python -m bert_jax.benchmarks.finetune --steps=60 --rounds=2 [--task=sequence|tokens|qa] [--json_out=FILE]`
 
-It writes a sentence-classification task (a CSV of random sentences whose label is set by a keyword, and a WordPiece
-vocab.txt of whole words) into a temporary directory, then times, in turn and in separate processes (A B A B, so a
-noisy host slows both alike, and so torch's thread pool never competes with XLA's):
+It writes a task and a WordPiece vocab.txt of whole words into a temporary directory: --task=sequence (the default)
+sentence classification, a CSV of random sentences whose label is set by a keyword; tokens: token classification,
+a CoNLL file of random sentences with CoNLL-2003's 9 IOB2 tags (configs/finetune.py:task=conll); qa: extractive
+question answering, a SQuAD v1.1 JSON of random paragraphs with one answer span each (task=squad, max_query_length
+and doc_stride --seq_length // 4). Then it times, in turn and in separate processes (A B A B, so a noisy host
+slows both alike, and so torch's thread pool never competes with XLA's):
 - jax: the driver's fine-tuning job (`bert_jax.finetune.finetune`, as `--mode=finetune` runs it) from scratch with
   the architecture of all-MiniLM-L6-v2 by default (6 layers, hidden 384, 12 heads, intermediate 1536, exact gelu);
-- torch: transformers' BertForSequenceClassification with the same shape, on the same encoded rows (our
-  tokenizer's ids, padded to --seq_length), in the same order, with the job's optimizer (clip 1.0, AdamW with weight
-  decay 0.01 off biases and LayerNorm, linear warmup and decay), dropout on.
+- torch: transformers' BertForSequenceClassification (BertForTokenClassification, BertForQuestionAnswering) with the
+  same shape, on the same encoded rows (our tokenizer's ids padded to --seq_length; conll.encode's rows with their
+  labels, squad.encode's windows with their start and end positions), in the same order, with the job's optimizer
+  (clip 1.0, AdamW with weight decay 0.01 off biases and LayerNorm, linear warmup and decay), dropout on.
 Each prints the seconds of every window of --log_every steps; the first window (compilation, first allocations) is
-left out of the steady rate. Also printed: the whole job's wall time, and each process's peak RSS.
+left out of the steady rate (examples/s: rows per second; for qa a row is one passage window). Also printed: the
+whole job's wall time, and each process's peak RSS.
 Run as a program, it sets the driver's process options (XLA:CPU flags, the CPU where no TPU is attached) in the jax
 child before JAX starts.
 """
@@ -47,6 +52,10 @@ def _define_flags():
     flags.DEFINE_integer("rounds", 2, "Rounds of (jax, torch), run one after the other.")
     flags.DEFINE_list("sides", ["jax", "torch"], "What each round runs, in order: jax, torch.")
     flags.DEFINE_float("learning_rate", 1e-4, "Peak learning rate of both.")
+    flags.DEFINE_enum("task", "sequence", list(TASKS), "What is fine-tuned: sequence (sentence classification, "
+                      "a CSV), tokens (token classification, CoNLL), qa (extractive question answering, SQuAD).")
+    flags.DEFINE_string("json_out", "", "Also write every run's result (its round, side, steady examples/s, "
+                        "windows, peak RSS) to this JSON file.")
     flags.DEFINE_string("side", "", "Internal: run one side in this process on --task_dir and print its JSON.")
     flags.DEFINE_string("task_dir", "", "Internal: the task written by the parent.")
 
@@ -57,37 +66,87 @@ RESULT_PREFIX = "RESULT "
 _SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
 
-def write_task(directory: str, examples: int, vocab_size: int, seed: int = 0) -> tuple[str, str]:
-    """vocab.txt (whole lower-case words) and train.csv (sentence,label) in `directory`; returns their paths.
+# --task -> (configs/finetune.py's task, the training file's name, transformers' head).
+TASKS = {"sequence": ("csv", "train.csv", "BertForSequenceClassification"),
+         "tokens": ("conll", "train.conll", "BertForTokenClassification"),
+         "qa": ("squad", "train.json", "BertForQuestionAnswering")}
+# CoNLL-2003's 9 tags, IOB2.
+_ENTITIES = ("PER", "ORG", "LOC", "MISC")
+
+
+def _sentence(rng, words: list[str], low: int, high: int) -> list[str]:
+    """low to high Zipf-distributed words (never the last one, "keyword")."""
+    return [words[(int(z) - 1) % (len(words) - 1)] for z in rng.zipf(1.3, size=int(rng.integers(low, high + 1)))]
+
+
+def _write_sequence(file, rng, words: list[str], examples: int) -> None:
+    """sentence,label rows; the label is whether the sentence holds the word "keyword"."""
+    file.write("sentence,label\n")
+    for _ in range(examples):
+        sentence = _sentence(rng, words, 4, 40)
+        label = int(rng.integers(0, 2))
+        if label:
+            sentence[int(rng.integers(0, len(sentence)))] = "keyword"
+        file.write(f"{' '.join(sentence)},{label}\n")
+
+
+def _write_tokens(file, rng, words: list[str], examples: int) -> None:
+    """CoNLL sentences: a word and its tag per line; one word in four opens an entity of 1 to 3 words."""
+    for _ in range(examples):
+        sentence, position = _sentence(rng, words, 4, 40), 0
+        while position < len(sentence):
+            length = int(rng.integers(1, 4)) if rng.random() < 0.25 else 0
+            entity = _ENTITIES[int(rng.integers(0, len(_ENTITIES)))]
+            tags = [f"B-{entity}"] + [f"I-{entity}"] * (length - 1) if length else ["O"]
+            for tag in tags[:len(sentence) - position]:
+                file.write(f"{sentence[position]} {tag}\n")
+                position += 1
+        file.write("\n")
+
+
+def _write_qa(file, rng, words: list[str], examples: int) -> None:
+    """SQuAD v1.1: one question (3 to 8 words) per paragraph (20 to 120 words), its answer 1 to 4 of them."""
+    paragraphs = []
+    for index in range(examples):
+        context = _sentence(rng, words, 20, 120)
+        first = int(rng.integers(0, len(context)))
+        answer = " ".join(context[first:first + int(rng.integers(1, 5))])
+        start = len(" ".join(context[:first])) + (1 if first else 0)
+        question = " ".join(_sentence(rng, words, 3, 8))
+        paragraphs.append({"context": " ".join(context), "qas": [
+            {"id": f"q{index}", "question": question + "?", "answers": [{"text": answer, "answer_start": start}]}]})
+    json.dump({"version": "1.1", "data": [{"title": "benchmark", "paragraphs": paragraphs}]}, file)
+
+
+def write_task(directory: str, examples: int, vocab_size: int, seed: int = 0,
+               task: str = "sequence") -> tuple[str, str]:
+    """vocab.txt (whole lower-case words) and the task's training file in `directory`; returns their paths.
 
     Sentence lengths (4 to 40 words) and Zipf-distributed words look like short text, the kind sentence embedders
-    are fine-tuned on; the label is whether the sentence holds the word "keyword"."""
+    are fine-tuned on. sequence: train.csv (sentence,label), the label whether the sentence holds the word
+    "keyword"; tokens: train.conll, CoNLL-2003's 9 IOB2 tags; qa: train.json, SQuAD v1.1 questions."""
     rng = np.random.default_rng(seed)
     words = [f"w{index}" for index in range(vocab_size - len(_SPECIALS) - 1)] + ["keyword"]
-    vocab_path, csv_path = os.path.join(directory, "vocab.txt"), os.path.join(directory, "train.csv")
+    vocab_path, train_path = os.path.join(directory, "vocab.txt"), os.path.join(directory, TASKS[task][1])
     with open(vocab_path, "w", encoding="utf-8") as file:
         file.write("\n".join(_SPECIALS + words) + "\n")
-    with open(csv_path, "w", encoding="utf-8") as file:
-        file.write("sentence,label\n")
-        for _ in range(examples):
-            length = int(rng.integers(4, 41))
-            sentence = [words[(int(z) - 1) % (len(words) - 1)] for z in rng.zipf(1.3, size=length)]
-            label = int(rng.integers(0, 2))
-            if label:
-                sentence[int(rng.integers(0, length))] = "keyword"
-            file.write(f"{' '.join(sentence)},{label}\n")
-    return vocab_path, csv_path
+    writer = {"sequence": _write_sequence, "tokens": _write_tokens, "qa": _write_qa}[task]
+    with open(train_path, "w", encoding="utf-8") as file:
+        writer(file, rng, words, examples)
+    return vocab_path, train_path
 
 
-def task_config(vocab_path: str, csv_path: str):
-    """configs/finetune.py with the benchmark's shape, data, steps and learning rate; no evaluation."""
+def task_config(vocab_path: str, train_path: str, task: str = "sequence"):
+    """configs/finetune.py with the benchmark's task, shape, data, steps and learning rate; no evaluation."""
     from configs import finetune as finetune_recipe  # pylint: disable=import-outside-toplevel
-    config = finetune_recipe.get_config("size=mini")
+    config = finetune_recipe.get_config(f"size=mini,task={TASKS[task][0]}")
     model = config.model
     model.num_layers, model.hidden_size, model.num_heads = FLAGS.layers, FLAGS.hidden, FLAGS.heads
     model.intermediate_size, model.vocab_size, model.hidden_act = FLAGS.intermediate, FLAGS.vocab_size, "gelu"
-    config.data.train_file, config.data.vocab_file = csv_path, vocab_path
+    config.data.train_file, config.data.vocab_file = train_path, vocab_path
     config.data.max_seq_length = FLAGS.seq_length
+    # qa: the original's 384 / 64 / 128 (query and stride a sixth and a third of the row) scaled to a quarter each.
+    config.data.max_query_length = config.data.doc_stride = FLAGS.seq_length // 4
     config.train.batch_size, config.train.num_steps = FLAGS.batch_size, FLAGS.steps
     config.train.log_every = FLAGS.log_every
     config.optim.learning_rate = FLAGS.learning_rate
@@ -98,7 +157,7 @@ def run_jax(task_dir: str) -> dict:
     """The driver's fine-tuning job on the task; window seconds from its metrics.jsonl."""
     from bert_jax import finetune  # pylint: disable=import-outside-toplevel
     from bert_jax import job_config  # pylint: disable=import-outside-toplevel
-    config = task_config(os.path.join(task_dir, "vocab.txt"), os.path.join(task_dir, "train.csv"))
+    config = _config_of(task_dir)
     with tempfile.TemporaryDirectory() as workdir:
         start = time.perf_counter()
         finetune.finetune(job_config.prepare(config, workdir, "finetune"), workdir)
@@ -110,44 +169,79 @@ def run_jax(task_dir: str) -> dict:
     return {"windows_s": windows, "job_s": job_s}
 
 
-def run_torch(task_dir: str) -> dict:
-    """transformers' BertForSequenceClassification on the rows our tokenizer encodes, in the job's order."""
-    import torch  # pylint: disable=import-outside-toplevel
-    import transformers  # pylint: disable=import-outside-toplevel
-    from bert_jax.data import finetune_data, tokenization  # pylint: disable=import-outside-toplevel
+def _config_of(task_dir: str):
+    return task_config(os.path.join(task_dir, "vocab.txt"), os.path.join(task_dir, TASKS[FLAGS.task][1]), FLAGS.task)
 
-    config = task_config(os.path.join(task_dir, "vocab.txt"), os.path.join(task_dir, "train.csv"))
-    tokenizer = tokenization.load_tokenizer(config.data.vocab_file, do_lower_case=True)
-    examples = finetune_data.read_examples(config.data.train_file, config.data)
-    labels = finetune_data.label_ids(examples, finetune_data.label_names(examples, config.data))
-    encoded = finetune_data.encode_examples(tokenizer, examples, config.data.max_seq_length)
-    torch.manual_seed(0)
-    model_config = config.model
+
+def torch_rows(config, task: str) -> tuple[dict, dict, int]:
+    """(inputs, targets, num_labels) as the job encodes them, without JAX: the three input arrays [rows, length]
+    and, by transformers' argument name, the targets of each row (-100 where the token loss ignores a position)."""
+    from bert_jax.data import conll, finetune_data, squad, tokenization  # pylint: disable=import-outside-toplevel
+    data = config.data
+    tokenizer = tokenization.load_tokenizer(data.vocab_file, do_lower_case=True)
+    if task == "tokens":  # as bert_jax.finetune._read_tagging_task: tag ids in sorted order
+        sentences = conll.read_conll(data.train_file)
+        names = sorted({tag for sentence in sentences for tag in sentence.tags})
+        rows = conll.encode(tokenizer, sentences, {name: i for i, name in enumerate(names)}, data.max_seq_length)
+        return rows.arrays(), {"labels": np.where(rows.labels == conll.IGNORE, -100, rows.labels)}, len(names)
+    if task == "qa":
+        windows = squad.encode(tokenizer, squad.read_squad(data.train_file), data.max_seq_length, data.doc_stride,
+                               data.max_query_length)
+        return windows.arrays(), {"start_positions": windows.start_positions,
+                                  "end_positions": windows.end_positions}, 2
+    examples = finetune_data.read_examples(data.train_file, data)
+    names = finetune_data.label_names(examples, data)
+    encoded = finetune_data.encode_examples(tokenizer, examples, data.max_seq_length)
+    return encoded, {"labels": finetune_data.label_ids(examples, names)}, len(names)
+
+
+def torch_model(model_config, head: str, num_labels: int):
+    """transformers' `head` (e.g. BertForTokenClassification) with the job's architecture, in training mode."""
+    import transformers  # pylint: disable=import-outside-toplevel
     hf_config = transformers.BertConfig(
         vocab_size=model_config.vocab_size, hidden_size=model_config.hidden_size,
         num_hidden_layers=model_config.num_layers, num_attention_heads=model_config.num_heads,
         intermediate_size=model_config.intermediate_size, hidden_act="gelu",
         max_position_embeddings=model_config.max_position_embeddings, type_vocab_size=model_config.type_vocab_size,
         hidden_dropout_prob=model_config.dropout_rate, attention_probs_dropout_prob=model_config.attention_dropout_rate,
-        layer_norm_eps=model_config.layer_norm_eps, num_labels=2)
-    model = transformers.BertForSequenceClassification(hf_config).train()
+        layer_norm_eps=model_config.layer_norm_eps, num_labels=num_labels)
+    return getattr(transformers, head)(hf_config).train()
+
+
+def torch_optimizer(model, config):
+    """The job's optimizer: AdamW, weight decay 0.01 off biases and LayerNorm, and its schedule (linear warmup then
+    linear decay to 0) in Python: evaluating the optax one here would start JAX's thread pool beside torch's."""
+    import torch  # pylint: disable=import-outside-toplevel
     no_decay = [p for n, p in model.named_parameters() if n.endswith("bias") or "LayerNorm" in n]
     decay = [p for n, p in model.named_parameters() if not (n.endswith("bias") or "LayerNorm" in n)]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
                                   lr=1.0, betas=(0.9, 0.999), eps=1e-6)
-    # The job's schedule (bert_jax.optim.learning_rate_schedule, linear warmup then linear decay to 0), in Python:
-    # evaluating the optax one here would start JAX's thread pool beside torch's.
     warmup, peak = int(config.optim.warmup_proportion * FLAGS.steps), config.optim.learning_rate
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: peak * (
         step / warmup if step < warmup else max(0.0, 1 - (step - warmup) / max(FLAGS.steps - warmup, 1))))
-    batches = finetune_data.train_batches(len(labels), FLAGS.batch_size, config.train.seed)
+    return optimizer, scheduler
+
+
+def run_torch(task_dir: str) -> dict:
+    """transformers' model for the task on the rows our tokenizer encodes, in the job's order."""
+    import torch  # pylint: disable=import-outside-toplevel
+    import transformers  # pylint: disable=import-outside-toplevel
+    from bert_jax.data import finetune_data  # pylint: disable=import-outside-toplevel
+
+    config = _config_of(task_dir)
+    inputs, targets, num_labels = torch_rows(config, FLAGS.task)
+    torch.manual_seed(0)
+    model = torch_model(config.model, TASKS[FLAGS.task][2], num_labels)
+    optimizer, scheduler = torch_optimizer(model, config)
+    rows = len(inputs["input_ids"])
+    batches = finetune_data.train_batches(rows, FLAGS.batch_size, config.train.seed)
     windows, start, job_start = [], time.perf_counter(), time.perf_counter()
     for step in range(1, FLAGS.steps + 1):
         indices = next(batches)
-        output = model(input_ids=torch.as_tensor(encoded["input_ids"][indices], dtype=torch.long),
-                       attention_mask=torch.as_tensor(encoded["input_mask"][indices], dtype=torch.long),
-                       token_type_ids=torch.as_tensor(encoded["segment_ids"][indices], dtype=torch.long),
-                       labels=torch.as_tensor(labels[indices], dtype=torch.long))
+        output = model(input_ids=torch.as_tensor(inputs["input_ids"][indices], dtype=torch.long),
+                       attention_mask=torch.as_tensor(inputs["input_mask"][indices], dtype=torch.long),
+                       token_type_ids=torch.as_tensor(inputs["segment_ids"][indices], dtype=torch.long),
+                       **{name: torch.as_tensor(value[indices], dtype=torch.long) for name, value in targets.items()})
         output.loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), config.optim.max_grad_norm)
         optimizer.step()
@@ -160,7 +254,7 @@ def run_torch(task_dir: str) -> dict:
     # jaxlib bundles its own oneDNN and thread pools: the torch process must not load it beside torch's.
     assert "jaxlib" not in sys.modules, "the torch process loaded jaxlib"
     return {"windows_s": windows, "job_s": time.perf_counter() - job_start, "threads": torch.get_num_threads(),
-            "versions": f"torch {torch.__version__}, transformers {transformers.__version__}",
+            "rows": rows, "versions": f"torch {torch.__version__}, transformers {transformers.__version__}",
             "attention": model.config._attn_implementation or "default"}  # pylint: disable=protected-access
 
 
@@ -181,48 +275,63 @@ def steady_rate(windows_s: list[float]) -> float:
     return len(steady) * FLAGS.log_every * FLAGS.batch_size / sum(steady)
 
 
+def run_side(side: str, task_dir: str, passed: list[str]) -> dict:
+    """One side's run in a child process; its result with the steady rate added."""
+    command = [sys.executable, "-m", "bert_jax.benchmarks.finetune", f"--side={side}", f"--task_dir={task_dir}",
+               *passed]
+    env = dict(os.environ)
+    if side == "jax":  # the allocator the driver's CPU runs have, unless GLIBC_TUNABLES is yours
+        env.setdefault("GLIBC_TUNABLES", runtime.CPU_GLIBC_TUNABLES)
+    done = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
+    lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT_PREFIX)]
+    if done.returncode or not lines:
+        raise RuntimeError(f"{side} run failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
+    result = json.loads(lines[-1][len(RESULT_PREFIX):])
+    return dict(result, steady_examples_per_s=steady_rate(result["windows_s"]))
+
+
+def _print_header() -> None:
+    what = {"sequence": "sentences", "tokens": "CoNLL sentences", "qa": "SQuAD questions"}[FLAGS.task]
+    print(f"task: {FLAGS.task}, {FLAGS.examples} {what}, seq {FLAGS.seq_length}, batch {FLAGS.batch_size}, "
+          f"{FLAGS.steps} steps; model {FLAGS.layers} layers, hidden {FLAGS.hidden}, {FLAGS.heads} heads, "
+          f"intermediate {FLAGS.intermediate}, vocab {FLAGS.vocab_size}; dropout on; windows of {FLAGS.log_every} "
+          "steps", flush=True)
+    print(f"XLA_FLAGS (jax, before the driver's are added): {os.environ.get('XLA_FLAGS', '')}; GLIBC_TUNABLES: "
+          f"jax {os.environ.get('GLIBC_TUNABLES', runtime.CPU_GLIBC_TUNABLES)} (the driver's on CPU), torch "
+          f"{os.environ.get('GLIBC_TUNABLES', '(unset)')}", flush=True)
+
+
 def main(argv):
     del argv
     if FLAGS.side:
         _child(FLAGS.side, FLAGS.task_dir)
         return
-    passed = [arg for arg in sys.argv[1:] if not arg.startswith(("--side", "--task_dir", "--rounds", "--sides"))]
+    passed = [arg for arg in sys.argv[1:]
+              if not arg.startswith(("--side", "--task_dir", "--rounds", "--sides", "--json_out"))]
+    _print_header()
+    results = []
     with tempfile.TemporaryDirectory() as task_dir:
-        write_task(task_dir, FLAGS.examples, FLAGS.vocab_size)
-        print(f"task: {FLAGS.examples} sentences, seq {FLAGS.seq_length}, batch {FLAGS.batch_size}, {FLAGS.steps} "
-              f"steps; model {FLAGS.layers} layers, hidden {FLAGS.hidden}, {FLAGS.heads} heads, intermediate "
-              f"{FLAGS.intermediate}, vocab {FLAGS.vocab_size}; dropout on; windows of {FLAGS.log_every} steps",
-              flush=True)
-        print(f"XLA_FLAGS (jax, before the driver's are added): {os.environ.get('XLA_FLAGS', '')}; GLIBC_TUNABLES: "
-              f"jax {os.environ.get('GLIBC_TUNABLES', runtime.CPU_GLIBC_TUNABLES)} (the driver's on CPU), torch "
-              f"{os.environ.get('GLIBC_TUNABLES', '(unset)')}", flush=True)
-        rates = {side: [] for side in FLAGS.sides}
+        write_task(task_dir, FLAGS.examples, FLAGS.vocab_size, task=FLAGS.task)
         for round_index in range(1, FLAGS.rounds + 1):
             for side in FLAGS.sides:
-                command = [sys.executable, "-m", "bert_jax.benchmarks.finetune", f"--side={side}",
-                           f"--task_dir={task_dir}", *passed]
-                env = dict(os.environ)
-                if side == "jax":  # the allocator the driver's CPU runs have, unless GLIBC_TUNABLES is yours
-                    env.setdefault("GLIBC_TUNABLES", runtime.CPU_GLIBC_TUNABLES)
-                done = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
-                lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT_PREFIX)]
-                if done.returncode or not lines:
-                    raise RuntimeError(f"{side} run failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
-                result = json.loads(lines[-1][len(RESULT_PREFIX):])
-                rate = steady_rate(result["windows_s"])
-                rates[side].append(rate)
+                result = run_side(side, task_dir, passed)
+                results.append(dict(result, round=round_index, side=side, task=FLAGS.task))
                 # The loop (every window, the first one's compilation included) compares like with like; the
                 # jax job also reads and encodes the data, initialises, and saves its checkpoint.
-                extra = (f"; {result['versions']}, {result['threads']} threads" if side == "torch"
-                         else f"; whole job {result['job_s']:.1f} s")
-                print(f"round {round_index} {side}: steady {rate:.1f} examples/s (windows s: "
-                      f"{', '.join(f'{s:.2f}' for s in result['windows_s'])}); loop {sum(result['windows_s']):.1f} s; "
-                      f"peak RSS {result['peak_rss_gib']:.2f} GiB{extra}", flush=True)
-        summary = ", ".join(f"{side} {statistics.median(values):.1f}" for side, values in rates.items())
-        print(f"median steady examples/s: {summary}", flush=True)
-        if "jax" in rates and "torch" in rates:
-            print(f"jax / torch: {statistics.median(rates['jax']) / statistics.median(rates['torch']):.2f}",
-                  flush=True)
+                extra = (f"; {result['rows']} rows; {result['versions']}, {result['threads']} threads"
+                         if side == "torch" else f"; whole job {result['job_s']:.1f} s")
+                print(f"round {round_index} {side}: steady {result['steady_examples_per_s']:.1f} examples/s "
+                      f"(windows s: {', '.join(f'{s:.2f}' for s in result['windows_s'])}); loop "
+                      f"{sum(result['windows_s']):.1f} s; peak RSS {result['peak_rss_gib']:.2f} GiB{extra}",
+                      flush=True)
+    rates = {side: [r["steady_examples_per_s"] for r in results if r["side"] == side] for side in FLAGS.sides}
+    print(f"median steady examples/s: {', '.join(f'{s} {statistics.median(v):.1f}' for s, v in rates.items())}",
+          flush=True)
+    if "jax" in rates and "torch" in rates:
+        print(f"jax / torch: {statistics.median(rates['jax']) / statistics.median(rates['torch']):.2f}", flush=True)
+    if FLAGS.json_out:
+        with open(FLAGS.json_out, "w", encoding="utf-8") as file:
+            json.dump(results, file, indent=1)
 
 
 if __name__ == "__main__":

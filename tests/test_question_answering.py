@@ -107,3 +107,23 @@ def test_question_answering_input_errors_name_the_file_and_the_fix(tmp_path):
     config.data.max_query_length = 61
     with pytest.raises(ValueError, match=r"--config.data.max_query_length=61: leaves no room for the passage"):
         helpers.run_finetune(config, str(tmp_path / "work"))
+
+
+@pytest.mark.parametrize("threshold, answered", [(-1e9, False), (1e9, True)])
+def test_squad_v2_predicts_no_answer_by_the_null_threshold(tmp_path, threshold, answered):
+    """SQuAD v2.0 through the job: null_odds.json holds every held-out question; a threshold below any score gap
+    answers "" everywhere (exact match = the share of unanswerable questions, 1 in 3), one above it never does."""
+    from tests.test_squad import squad_v2_examples  # pylint: disable=import-outside-toplevel
+    train, dev = tmp_path / "train.json", tmp_path / "dev.json"
+    train.write_text(json.dumps(squad_v2_examples(48, 0)))
+    dev.write_text(json.dumps(squad_v2_examples(30, 1)))
+    config = _qa_config(tmp_path, train, dev)
+    config.data.version_2_with_negative, config.data.null_score_diff_threshold = True, threshold
+    config.train.num_steps, config.train.batch_size = 2, 16
+    metrics = helpers.run_finetune(config, str(tmp_path / "work"))
+    predictions = json.loads((tmp_path / "work" / tasks.QA_PREDICTIONS_FILE).read_text())
+    null_odds = json.loads((tmp_path / "work" / "null_odds.json").read_text())
+    assert sorted(predictions) == sorted(null_odds) and len(predictions) == 30
+    assert all((text != "") == answered for text in predictions.values()), predictions
+    if not answered:
+        assert metrics["eval_exact_match"] == pytest.approx(10 / 30)

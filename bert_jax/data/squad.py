@@ -12,13 +12,11 @@ import json
 import math
 import re
 import string
-import unicodedata
 
 import numpy as np
 from absl import logging
 
 from bert_jax import fileio
-from bert_jax.data import basic_tokenizer
 
 
 @dataclasses.dataclass
@@ -188,66 +186,18 @@ class _Passage:
     first_piece: list[int]  # each word's first piece (the original's orig_to_tok_index)
 
 
-def _prepared_origin(word: str, prepared: str, lower: bool, kind: str) -> list[int] | None:
-    """For each character of the text the tokenizer saw, the character of `word` it came from; None if unknown."""
-    if not lower or word.isascii():
-        return list(range(len(word))) if len(prepared) == len(word) else None
-    if kind == "sentencepiece":  # str.lower() only
-        origin = [index for index, char in enumerate(word) for _ in char.lower()]
-        return origin if len(origin) == len(prepared) else None
-    drop = basic_tokenizer._python_drop()  # pylint: disable=protected-access
-    origin = []
-    for index, char in enumerate(word):
-        if not drop.match(char):
-            origin += [index] * len(unicodedata.normalize("NFD", char.lower()))
-    # Canonical reordering of combining marks may move a mark across characters; the lengths still agree then,
-    # and the map stays within the same base character's cluster.
-    return origin if len(origin) == len(prepared) else None
-
-
 def _piece_offsets(tokenizer, words: list[str], ids: list[list[int]]) -> list[list[tuple[int, int]]]:
-    """Each piece's (start, end) characters within its word, so an answer is the context's own characters (case,
-    accents, punctuation kept) trimmed to the predicted pieces, where the original needed get_final_text.
-
-    WordPiece: the Rust backend's offsets into the lower-cased, accent-stripped word; SentencePiece: its byte
-    offsets; both mapped back to the word's characters. Where that cannot be done exactly (an unknown tokenizer,
-    pieces that disagree with encode_batch, a preparation whose length change cannot be aligned) every piece of
-    the word spans the whole word, so such answers come out as whole words.
-    """
-    whole = [[(0, len(word))] * len(word_ids) for word, word_ids in zip(words, ids)]
-    kind = getattr(tokenizer, "kind", None)
-    if not words or kind not in ("wordpiece", "sentencepiece"):
-        return whole
-    lower = tokenizer.do_lower_case
-    if kind == "wordpiece":
-        prepared = [basic_tokenizer.prepare_text(word, lower) for word in words]
-        backend = tokenizer._backend  # pylint: disable=protected-access
-        encodings = backend.encode_batch(prepared, add_special_tokens=False)
-        found = [(list(e.ids), list(e.offsets)) for e in encodings]
-    else:
-        prepared = [word.lower() if lower else word for word in words]
-        found = [_sentencepiece_offsets(tokenizer, text) for text in prepared]
+    """Each piece's (start, end) characters within its word (Tokenizer.encode_with_spans), so an answer is the
+    context's own characters (case, accents, punctuation kept) trimmed to the predicted pieces, where the original
+    needed get_final_text. Where that cannot be done exactly (a normalisation that cannot be aligned, pieces that
+    disagree with encode_batch) every piece of the word spans the whole word, so such answers are whole words."""
+    if not words:
+        return []
     offsets = []
-    for word, text, (found_ids, spans), word_ids, fallback in zip(words, prepared, found, ids, whole):
-        origin = _prepared_origin(word, text, lower, kind)
-        if origin is None or found_ids != list(word_ids):
-            offsets.append(fallback)
-            continue
-        offsets.append([(origin[start], origin[end - 1] + 1) if end > start else (0, len(word))
-                        for start, end in spans])
+    for word, word_ids, (found_ids, spans) in zip(words, ids, tokenizer.encode_with_spans(words)):
+        exact = spans is not None and found_ids == list(word_ids)
+        offsets.append(spans if exact else [(0, len(word))] * len(word_ids))
     return offsets
-
-
-def _sentencepiece_offsets(tokenizer, text: str) -> tuple[list[int], list[tuple[int, int]]]:
-    """SentencePiece's pieces of `text` and their character spans; a piece without surface (the word-start "▁"
-    alone) takes the span of the piece after it."""
-    proto = tokenizer._sp.encode(text, out_type="proto")  # pylint: disable=protected-access
-    char_of_byte = [index for index, char in enumerate(text) for _ in char.encode("utf-8")] + [len(text)]
-    spans = [(char_of_byte[p.begin], char_of_byte[p.end]) for p in proto.pieces]
-    for index in range(len(spans) - 2, -1, -1):
-        if spans[index][0] == spans[index][1]:
-            spans[index] = spans[index + 1]
-    return [p.id for p in proto.pieces], spans
 
 
 def _passages(tokenizer, examples: list[Example]) -> list[_Passage]:

@@ -80,6 +80,11 @@ class Tokenizer:
     def tokenize(self, text: str) -> list[str]:
         raise NotImplementedError
 
+    def encode_with_spans(self, texts: Sequence[str]) -> list[tuple[list[int], list[tuple[int, int]] | None]]:
+        """For each text, its ids (as encode_batch) and each piece's (start, end) characters in the text as given
+        (None where the tokenizer's normalisation cannot be aligned with it)."""
+        raise NotImplementedError
+
     def convert_tokens_to_ids(self, tokens: Iterable[str]) -> list[int]:
         """Ids for token strings; a string not in the vocabulary maps to unk_id."""
         raise NotImplementedError
@@ -207,6 +212,17 @@ class WordPieceTokenizer(Tokenizer):
     def convert_tokens_to_ids(self, tokens: Iterable[str]) -> list[int]:
         return [self._vocab.get(token, self.unk_id) for token in tokens]
 
+    def encode_with_spans(self, texts: Sequence[str]) -> list[tuple[list[int], list[tuple[int, int]] | None]]:
+        # The backend's offsets index the prepared (lower-cased, accent-stripped) text; map them back.
+        prepared = [basic_tokenizer.prepare_text(text, self.do_lower_case) for text in texts]
+        results = []
+        for text, encoding in zip(texts, self._backend.encode_batch(prepared, add_special_tokens=False)):
+            origin = basic_tokenizer.prepared_origin(text, self.do_lower_case)
+            spans = None if origin is None else [(origin[start], origin[end - 1] + 1) if end > start
+                                                 else (0, len(text)) for start, end in encoding.offsets]
+            results.append((list(encoding.ids), spans))
+        return results
+
     def decode(self, ids: Iterable[int], *, skip_special_tokens: bool = True) -> str:
         return self._decoder.decode(self.convert_ids_to_tokens(self._skip_special(ids, skip_special_tokens)))
 
@@ -278,6 +294,28 @@ class SentencePieceTokenizer(Tokenizer):
 
     def convert_tokens_to_ids(self, tokens: Iterable[str]) -> list[int]:
         return [self._sp.piece_to_id(token) for token in tokens]
+
+    def encode_with_spans(self, texts: Sequence[str]) -> list[tuple[list[int], list[tuple[int, int]] | None]]:
+        # Byte offsets of the (lower-cased) text, mapped to characters; a piece without surface (the word-start "▁"
+        # alone) takes the span of the piece after it.
+        results = []
+        for text in texts:
+            prepared = self._prepare(text)
+            proto = self._sp.encode(prepared, out_type="proto")
+            ids = [piece.id for piece in proto.pieces]
+            origin = [index for index, char in enumerate(text) for _ in self._prepare(char)]
+            if len(origin) != len(prepared):
+                results.append((ids, None))
+                continue
+            char_of_byte = [origin[index] for index, char in enumerate(prepared)
+                            for _ in char.encode("utf-8")] + [len(text)]
+            spans = [(char_of_byte[piece.begin], char_of_byte[piece.end - 1] + 1 if piece.end > piece.begin
+                      else char_of_byte[piece.begin]) for piece in proto.pieces]
+            for index in range(len(spans) - 2, -1, -1):
+                if spans[index][0] == spans[index][1]:
+                    spans[index] = spans[index + 1]
+            results.append((ids, spans))
+        return results
 
     def decode(self, ids: Iterable[int], *, skip_special_tokens: bool = True) -> str:
         return self._sp.decode(self._skip_special(ids, skip_special_tokens))

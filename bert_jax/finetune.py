@@ -102,7 +102,7 @@ def load_params(config, model: nn.Module, source: ModelSource, mesh, rules, rng)
     names = [name for name in abstract if model_lib.is_encoder_parameter(name)]
     loaded = {}
     if config.init and source.host_params is None:
-        _check_checkpoint_fits(config.init, {name: abstract[name] for name in names})
+        names = _check_checkpoint_fits(config.init, {name: abstract[name] for name in names})
         loaded, where = checkpoint_lib.restore_params(config.init, {name: abstract[name] for name in names},
                                                       {name: shardings[name] for name in names})
     elif config.init:
@@ -113,10 +113,15 @@ def load_params(config, model: nn.Module, source: ModelSource, mesh, rules, rng)
     return dict(params, **loaded), shardings
 
 
-def _check_checkpoint_fits(path: str, abstract) -> None:
-    """Names the first parameter the bert_jax checkpoint lacks or holds in another shape, before reading any."""
+def _check_checkpoint_fits(path: str, abstract) -> list[str]:
+    """Names the first parameter the bert_jax checkpoint lacks or holds in another shape, before reading any.
+    Returns the top-level names to read: all of `abstract`'s, less a pooler the checkpoint does not have (a token
+    classifier's or question answerer's), which then starts fresh."""
     directory = checkpoint_lib.step_directory(path)  # a checkpoints directory: its latest complete step
     saved = checkpoint_lib.state_metadata(str(directory))["train_state"]["params"]
+    if "pooler" in abstract and "pooler" not in saved:
+        logging.warning("--config.init=%s has no pooler: it starts fresh", path)
+        abstract = {name: value for name, value in abstract.items() if name != "pooler"}
     fix = "Fix: set --config.model.* to the architecture the checkpoint was trained with"
     for key_path, leaf in jax.tree_util.tree_leaves_with_path(abstract):
         name = ".".join(str(key.key) for key in key_path)
@@ -128,6 +133,7 @@ def _check_checkpoint_fits(path: str, abstract) -> None:
         if tuple(node.shape) != tuple(leaf.shape):
             raise ValueError(f"--config.init={path!r}: {name} has shape {tuple(node.shape)} in {directory} but "
                              f"{tuple(leaf.shape)} in this model. {fix}")
+    return list(abstract)
 
 
 def _place_host_params(host_params, abstract, shardings, names, path):

@@ -3,10 +3,13 @@ writes the official predictions.json, and exports a model transformers' AutoMode
 
 import json
 
+import jax
 import numpy as np
 import pytest
 
 from bert_jax import finetune
+from bert_jax import job_config
+from bert_jax import sharding as sharding_lib
 from bert_jax import tasks
 from bert_jax import model as model_lib
 from bert_jax.data import squad
@@ -127,3 +130,30 @@ def test_squad_v2_predicts_no_answer_by_the_null_threshold(tmp_path, threshold, 
     assert all((text != "") == answered for text in predictions.values()), predictions
     if not answered:
         assert metrics["eval_exact_match"] == pytest.approx(10 / 30)
+
+
+def test_a_question_answerer_initialises_a_sentence_classifier_with_a_fresh_pooler(tmp_path):
+    """--config.init of a fine-tuned directory without a pooler (question answering) reads its encoder exactly; the
+    sentence classifier's pooler starts fresh instead of the run stopping."""
+    from tests.test_squad import squad_examples  # pylint: disable=import-outside-toplevel
+    train = tmp_path / "train.json"
+    train.write_text(json.dumps(squad_examples(32, 0)))
+    config = _qa_config(tmp_path, train)
+    helpers.run_finetune(config, str(tmp_path / "qa"))
+    classifier = finetune_configs.get_config()
+    classifier.init = str(tmp_path / "qa" / finetune.FINETUNED_SUBDIR)
+    classifier.data.train_file = f"{helpers.ROOT}/tests/fixtures/keyword_task/train.csv"
+    classifier.data.max_seq_length, classifier.train.num_steps = 32, 1
+    prepared = job_config.prepare(classifier, str(tmp_path / "cls"), "finetune")
+    source = finetune.model_source(prepared)
+    model = model_lib.BertForSequenceClassification(source.model_config, 2)
+    mesh = sharding_lib.create_mesh(prepared.mesh)
+    with jax.set_mesh(mesh):
+        params, _ = finetune.load_params(prepared, model, source, mesh, sharding_lib.logical_rules(prepared.mesh),
+                                         jax.random.key(0))
+    ids = np.zeros((1, 8), np.int32)
+    saved = export.restore_model_params(str(tmp_path / "qa" / finetune.FINETUNED_SUBDIR),
+                                        model_lib.BertForQuestionAnswering(source.model_config), ids, ids, ids)
+    for name in ("embeddings", "layer_0", "layer_1"):
+        jax.tree.map(np.testing.assert_array_equal, jax.device_get(params[name]), jax.device_get(saved[name]))
+    assert "pooler" in params

@@ -435,8 +435,12 @@ def test_config_presets_are_locked_and_glue_tasks_read_tfds():
     config.lock()
     with pytest.raises(AttributeError):
         config.features.poolng = "mean"
-    with pytest.raises(ValueError, match="unknown task 'squad'"):
-        finetune_configs.get_config("task=squad")
+    with pytest.raises(ValueError, match="unknown task 'ner'"):
+        finetune_configs.get_config("task=ner")
+    squad_base = finetune_configs.get_config("size=base,task=squad")  # the paper's SQuAD recipe, the original's rows
+    assert (squad_base.data.format, squad_base.data.max_seq_length, squad_base.data.doc_stride,
+            squad_base.data.max_query_length) == ("squad", 384, 128, 64)
+    assert (squad_base.optim.learning_rate, squad_base.train.num_epochs) == (5e-5, 3.0)
 
 
 def test_mean_features_of_all_minilm_l6_v2_equal_sentence_transformers_recipe(tmp_path):

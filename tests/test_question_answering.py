@@ -23,6 +23,7 @@ from tests.test_finetune import _readme_command, driver  # noqa: F401  (the driv
 QA_TASK = f"{helpers.ROOT}/tests/fixtures/qa_task"
 
 
+@pytest.mark.slow  # about 400 steps and an export: 211 s in a fresh-clone run of the suite on the 2-core machine
 @pytest.mark.filterwarnings(r"ignore:the load_module\(\) method is deprecated:DeprecationWarning")
 def test_question_answering_learns_the_qa_task_through_the_driver(tmp_path, monkeypatch, driver):
     """README's task=squad command as written, with the recipe's defaults (tiny, from scratch, the original uncased

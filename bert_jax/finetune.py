@@ -291,20 +291,6 @@ def _write_model_files(output_dir: str, task: tasks.Task, encoder: str, model_co
         tokenizer.save(output_dir)
 
 
-def _check_head_exports(checkpoint: str) -> None:
-    """Refuses a feature-based token head: transformers' BertForTokenClassification reads the last layer only."""
-    path = fileio.join(checkpoint, TASK_FILE)
-    if not fileio.exists(path):  # saved before task.json existed: tuned
-        return
-    with fileio.open_file(path) as file:
-        encoder = json.load(file).get("encoder", "tuned")
-    if encoder != "tuned":
-        raise ValueError(f"--checkpoint={checkpoint}: its {TASK_FILE} says train.encoder={encoder}, a head on the "
-                         "last four layers that transformers' BertForTokenClassification cannot represent, so it does "
-                         "not export; use the directory as it is (bert_jax's own format, which --config.init reads), "
-                         "or fine-tune with --config.train.encoder=tuned to export")
-
-
 def _create_state(config, model, source, tx, mesh, rules):
     """(TrainState, its shardings): the parameters --config.init gives (or fresh ones), a fresh optimizer state."""
     init_rng = jax.random.split(jax.random.key(config.train.seed))[0]
@@ -448,19 +434,19 @@ def extract_features(config, workdir: str) -> str:
     return output
 
 
-def _saved_task_kind(checkpoint: str) -> str:
-    """The head a fine-tuned directory's parameters feed: its task.json, or (written before task.json existed)
-    token classification when the parameters have no pooler."""
+def _saved_head(checkpoint: str) -> tuple[str, str]:
+    """(task kind, train.encoder) of a fine-tuned directory: its task.json, or (written before task.json existed)
+    a tuned token classifier when the parameters have no pooler, else a sequence classifier."""
     path = fileio.join(checkpoint, TASK_FILE)
     if fileio.exists(path):
         with fileio.open_file(path) as file:
-            kind = json.load(file).get("task")
-        if kind not in tasks.KINDS:
-            raise ValueError(f"{path}: task {kind!r} is none of {tasks.KINDS}; the directory was not written by "
-                             "--mode=finetune")
-        return kind
+            head = json.load(file)
+        if head.get("task") not in tasks.KINDS:
+            raise ValueError(f"{path}: task {head.get('task')!r} is none of {tasks.KINDS}; the directory was not "
+                             "written by --mode=finetune")
+        return head["task"], head.get("encoder", "tuned")
     saved = checkpoint_lib.state_metadata(str(checkpoint_lib.step_directory(checkpoint)))["train_state"]["params"]
-    return "sequence" if "pooler" in saved else "tokens"
+    return ("sequence" if "pooler" in saved else "tokens"), "tuned"
 
 
 def export_finetuned(workdir: str, checkpoint: str = "", export_format: str = "hf", output: str = "") -> str:
@@ -479,11 +465,15 @@ def export_finetuned(workdir: str, checkpoint: str = "", export_format: str = "h
     if not fileio.exists(labels_path):
         raise FileNotFoundError(f"--checkpoint={checkpoint} has no {LABELS_FILE}: with configs/finetune.py, "
                                 "--mode=export takes a fine-tuned directory (WORKDIR/finetuned)")
-    _check_head_exports(checkpoint)
     with fileio.open_file(labels_path) as file:
         names = json.load(file)
     model_config = flax_files.config_from_ours(fileio.join(checkpoint, init_architecture.RUN_MODEL_CONFIG))
-    kind = _saved_task_kind(checkpoint)
+    kind, encoder = _saved_head(checkpoint)
+    if encoder != "tuned":
+        raise ValueError(f"--checkpoint={checkpoint}: its {TASK_FILE} says train.encoder={encoder}, a head on the "
+                         "last four layers that transformers' BertForTokenClassification cannot represent, so it does "
+                         "not export; use the directory as it is (bert_jax's own format, which --config.init reads), "
+                         "or fine-tune with --config.train.encoder=tuned to export")
     task = tasks.Task(names, {}, np.zeros(0), kind=kind)
     ids = np.zeros((1, 8), np.int32)
     params = export.restore_model_params(checkpoint, tasks.task_model(task, model_config), ids, ids, ids)

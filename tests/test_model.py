@@ -251,27 +251,35 @@ def test_step_matmul_flops_count_the_last_layer_at_the_head_rows_unless_scanned(
     assert metrics_lib.step_matmul_flops_per_sequence(scanned, 128, 20) == full
 
 
+def _transformers_twin(tmp_path, architecture: str, head: str, **hf_overrides):
+    """(transformers' model of `architecture` in eval mode, our BertConfig, our parameters): a small random one
+    saved, its encoder imported with huggingface.import_hf (which must ignore only `head`) and `head` copied."""
+    import torch  # pylint: disable=import-outside-toplevel
+    import transformers  # pylint: disable=import-outside-toplevel
+    from bert_jax.interop import huggingface  # pylint: disable=import-outside-toplevel
+    torch.manual_seed(0)
+    hf_config = transformers.BertConfig(vocab_size=300, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                        intermediate_size=128, max_position_embeddings=64, hidden_act="gelu",
+                                        **hf_overrides)
+    theirs = getattr(transformers, architecture)(hf_config).eval()
+    theirs.save_pretrained(str(tmp_path))
+    config, imported, report = huggingface.import_hf(str(tmp_path))
+    assert report.ignored == [f"{head}.bias", f"{head}.weight"]
+    state = theirs.state_dict()
+    params = {name: value for name, value in imported.items() if model_lib.is_encoder_parameter(name)
+              and name != "pooler"}
+    params[head] = {"kernel": state[f"{head}.weight"].numpy().T, "bias": state[f"{head}.bias"].numpy()}
+    return theirs, config, params
+
+
 def test_token_classification_logits_and_gradients_equal_transformers(tmp_path):
     """From the same weights (transformers' BertForTokenClassification saved, its encoder imported, its classifier
     copied), dropout off: the logits at every real position, and the gradients of the mean cross-entropy over
     the labelled positions (-100 ignored, as both sides do), equal transformers' within 1e-4 of their scale; one
     fine-tuning step moves the parameters as transformers' with torch's AdamW."""
     import torch  # pylint: disable=import-outside-toplevel
-    import transformers  # pylint: disable=import-outside-toplevel
-    from bert_jax.interop import huggingface  # pylint: disable=import-outside-toplevel
     from bert_jax.data import conll  # pylint: disable=import-outside-toplevel
-    torch.manual_seed(0)
-    hf_config = transformers.BertConfig(vocab_size=300, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                        intermediate_size=128, max_position_embeddings=64, num_labels=5,
-                                        hidden_act="gelu")
-    theirs = transformers.BertForTokenClassification(hf_config).eval()
-    theirs.save_pretrained(str(tmp_path))
-    config, imported, report = huggingface.import_hf(str(tmp_path))
-    assert report.ignored == ["classifier.bias", "classifier.weight"]
-    state = theirs.state_dict()
-    params = {name: value for name, value in imported.items() if model_lib.is_encoder_parameter(name)
-              and name != "pooler"}
-    params["classifier"] = {"kernel": state["classifier.weight"].numpy().T, "bias": state["classifier.bias"].numpy()}
+    theirs, config, params = _transformers_twin(tmp_path, "BertForTokenClassification", "classifier", num_labels=5)
     rng = np.random.default_rng(0)
     ids = rng.integers(5, 300, (3, 20)).astype(np.int32)
     mask = np.ones_like(ids)
@@ -354,20 +362,8 @@ def test_question_answering_logits_loss_and_one_training_step_equal_transformers
     copied), dropout off: start and end logits at every real position, the loss ((start + end cross-entropy) / 2),
     and one fine-tuning step of each side's AdamW equal transformers'."""
     import torch  # pylint: disable=import-outside-toplevel
-    import transformers  # pylint: disable=import-outside-toplevel
-    from bert_jax.interop import huggingface  # pylint: disable=import-outside-toplevel
-    torch.manual_seed(0)
-    hf_config = transformers.BertConfig(vocab_size=300, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                        intermediate_size=128, max_position_embeddings=64, hidden_act="gelu",
-                                        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    theirs = transformers.BertForQuestionAnswering(hf_config).eval()
-    theirs.save_pretrained(str(tmp_path))
-    config, imported, report = huggingface.import_hf(str(tmp_path))
-    assert report.ignored == ["qa_outputs.bias", "qa_outputs.weight"]
-    state = theirs.state_dict()
-    params = {name: value for name, value in imported.items() if model_lib.is_encoder_parameter(name)
-              and name != "pooler"}
-    params["qa_outputs"] = {"kernel": state["qa_outputs.weight"].numpy().T, "bias": state["qa_outputs.bias"].numpy()}
+    theirs, config, params = _transformers_twin(tmp_path, "BertForQuestionAnswering", "qa_outputs",
+                                                hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     params = jax.tree.map(jnp.asarray, params)
     rng = np.random.default_rng(0)
     ids = rng.integers(5, 300, (3, 20)).astype(np.int32)

@@ -85,18 +85,19 @@ def _python_drop() -> re.Pattern:
     return _python_class(_char_classes()["drop"])
 
 
-def prepared_origin(text: str, do_lower_case: bool) -> list[int] | None:
-    """For each character of prepare_text(text, do_lower_case), the index of the character of `text` it came from
-    (lower-casing and accent stripping may change the length); None where the two cannot be aligned."""
+def prepared_origin(text: str, prepared: str, do_lower_case: bool) -> list[int] | None:
+    """For each character of `prepared` (prepare_text(text, do_lower_case)), the index of the character of `text` it
+    came from (lower-casing and accent stripping may change the length); None where the two cannot be aligned."""
     if not do_lower_case or text.isascii():
-        return list(range(len(text))) if len(prepare_text(text, do_lower_case)) == len(text) else None
+        return list(range(len(text))) if len(prepared) == len(text) else None
+    drop = _python_drop()
     origin = []
     for index, char in enumerate(text):
-        if not _python_drop().match(char):
+        if not drop.match(char):
             origin += [index] * len(unicodedata.normalize("NFD", char.lower()))
     # Canonical reordering of combining marks may move a mark across characters; the lengths still agree then, and
     # the map stays within the same base character's cluster.
-    return origin if len(origin) == len(prepare_text(text, do_lower_case)) else None
+    return origin if len(origin) == len(prepared) else None
 
 
 def prepare_text(text: str, do_lower_case: bool) -> str:

@@ -216,8 +216,9 @@ class WordPieceTokenizer(Tokenizer):
         # The backend's offsets index the prepared (lower-cased, accent-stripped) text; map them back.
         prepared = [basic_tokenizer.prepare_text(text, self.do_lower_case) for text in texts]
         results = []
-        for text, encoding in zip(texts, self._backend.encode_batch(prepared, add_special_tokens=False)):
-            origin = basic_tokenizer.prepared_origin(text, self.do_lower_case)
+        encodings = self._backend.encode_batch(prepared, add_special_tokens=False)
+        for text, ready, encoding in zip(texts, prepared, encodings):
+            origin = basic_tokenizer.prepared_origin(text, ready, self.do_lower_case)
             spans = None if origin is None else [(origin[start], origin[end - 1] + 1) if end > start
                                                  else (0, len(text)) for start, end in encoding.offsets]
             results.append((list(encoding.ids), spans))

@@ -3,10 +3,12 @@
 `train_step(state, batch, rng) -> (state, metrics)` and `eval_step(params, batch) -> sums` are pure functions;
 `jit_train_step` jits them with explicit in/out shardings over the mesh and donates the state, so parameters and
 optimizer state are created, updated and kept sharded and no device ever holds more than its part. The loop that
-runs them is bert_jax.pretraining's; fine-tuning, ahead-of-time compilation and the benchmarks use them too.
+runs them is bert_jax.loop's; `Setup` is the one construction of a run that every job, ahead-of-time compilation
+and the benchmarks build from.
 """
 
-from typing import Any
+import dataclasses
+from typing import Any, Callable
 
 import flax
 import flax.linen as nn
@@ -266,11 +268,18 @@ def dummy_batch(batch_size: int, seq_length: int, max_predictions: int) -> dict[
     }
 
 
-def abstract_train_state(model: nn.Module, tx: optax.GradientTransformation, mesh, rules, seq_length: int,
-                         max_predictions: int):
-    """(shapes of the train state, its shardings), without allocating anything; plus the boxed init function."""
-    inputs = _model_inputs(dummy_batch(1, seq_length, max_predictions))
+def init_inputs(seq_length: int, max_predictions: int | None = None) -> dict[str, np.ndarray]:
+    """Model inputs of one row, for initialisation and shape inference: a pretraining batch's (with
+    masked_lm_positions) or, with `max_predictions` None, a downstream model's."""
+    if max_predictions is None:
+        ids = np.zeros((1, seq_length), np.int32)
+        return {"input_ids": ids, "input_mask": ids, "segment_ids": ids}
+    return _model_inputs(dummy_batch(1, seq_length, max_predictions))
 
+
+def state_spec(model: nn.Module, tx: optax.GradientTransformation, mesh, rules, inputs: dict):
+    """(shapes of the train state, its shardings, the boxed init function), allocating nothing. `inputs`: the
+    model's keyword inputs (init_inputs)."""
     def init_boxed(rng):
         with nn.logical_axis_rules(rules):
             params = model.init({"params": rng}, **inputs, deterministic=True)["params"]
@@ -282,12 +291,54 @@ def abstract_train_state(model: nn.Module, tx: optax.GradientTransformation, mes
     return sharding_lib.unbox(boxed), shardings, init_boxed
 
 
+def abstract_train_state(model: nn.Module, tx: optax.GradientTransformation, mesh, rules, seq_length: int,
+                         max_predictions: int):
+    """state_spec of a pretraining model."""
+    return state_spec(model, tx, mesh, rules, init_inputs(seq_length, max_predictions))
+
+
 def create_train_state(model: nn.Module, tx: optax.GradientTransformation, mesh, rules, rng,
                        seq_length: int, max_predictions: int):
     """Creates the train state already sharded: `jax.jit(init, out_shardings=...)`, so no device holds a full copy.
 
     Returns (state, state_shardings).
     """
-    _, shardings, init_boxed = abstract_train_state(model, tx, mesh, rules, seq_length, max_predictions)
-    init = jax.jit(lambda rng: sharding_lib.unbox(init_boxed(rng)), out_shardings=shardings)
-    return init(rng), shardings
+    setup = Setup.build(model, tx, None, mesh, rules, init_inputs(seq_length, max_predictions))
+    return setup.create_state(rng), setup.shardings
+
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+    """One run's pieces, built once: model, mesh and rules, optimizer and schedule, the train state's shapes and
+    shardings, and the jitted steps over them. Pretraining, fine-tuning, bert_jax.aot and the benchmarks build
+    from it."""
+    model: nn.Module
+    mesh: Any
+    rules: tuple  # logical axis name -> mesh axes (sharding.logical_rules)
+    tx: optax.GradientTransformation
+    schedule: Any  # optax.Schedule (None where nothing trains)
+    abstract: TrainState  # shapes and dtypes, nothing allocated
+    shardings: TrainState
+    init_boxed: Callable  # rng -> the boxed TrainState
+
+    @classmethod
+    def build(cls, model: nn.Module, tx, schedule, mesh, rules, inputs: dict) -> "Setup":
+        """`inputs`: the model's keyword inputs for shape inference (init_inputs)."""
+        abstract, shardings, init_boxed = state_spec(model, tx, mesh, rules, inputs)
+        return cls(model, mesh, rules, tx, schedule, abstract, shardings, init_boxed)
+
+    @property
+    def batch_sharding(self) -> NamedSharding:
+        return sharding_lib.batch_sharding(self.mesh, self.rules)
+
+    def create_state(self, rng) -> TrainState:
+        """A fresh state from `rng`, born sharded: no device ever holds a full copy."""
+        return jax.jit(lambda key: sharding_lib.unbox(self.init_boxed(key)), out_shardings=self.shardings)(rng)
+
+    def jit_train_step(self, train_step):
+        return jit_train_step(train_step, self.shardings, self.mesh, self.rules)
+
+    def jit_eval_step(self, eval_step):
+        """`eval_step(params, batch) -> replicated outputs` (sums, predictions) jitted over the parameters'
+        shardings and the batch sharding."""
+        return jit_eval_step(eval_step, self.shardings.params, self.mesh, self.rules)

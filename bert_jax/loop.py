@@ -1,0 +1,405 @@
+"""The one training loop every job runs (pretraining and fine-tuning), and where a run starts from.
+
+`train(job, setup, config, workdir, ...)` starts from the workdir's newest checkpoint (else the job's fresh state:
+--config.init or scratch), then runs steps with one in flight: each step is judged by the next step's metrics read
+(bert_jax.divergence), log lines carry the window's mean metrics, the throughput and any held-out scores due,
+checkpoints are saved (asynchronously) once their loss is known to be healthy, a diverged step rewinds to the newest
+verified checkpoint (checkpoint.max_rewinds) or stops naming it, SIGTERM saves and stops, and the profiler traces
+the steps asked for. What differs per job (its held-out evaluation, its throughput figures, its log line, how its
+input starts again) comes from the `Job` it is given: the loop never asks which job it runs.
+
+The config sections it reads are the same in every recipe: `checkpoint` (every_steps, max_to_keep, keep_best,
+async_save, compression, restore_step, skip_batches, max_rewinds, rewind_skip_batches) and `train` (seed, log_every,
+spike_factor, spike_window, profile_start_step, profile_steps, dropout_rng).
+"""
+
+import contextlib
+import dataclasses
+import time
+from typing import Callable, Iterator, Protocol
+
+from absl import logging
+from etils import epath
+import jax
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
+
+from bert_jax import checkpoint as checkpoint_lib
+from bert_jax import divergence
+from bert_jax import fileio
+from bert_jax import metrics as metrics_lib
+from bert_jax import sharding as sharding_lib
+from bert_jax.train import Setup, TrainState, dropout_key
+
+
+class Job(Protocol):
+    """What a job adds to the loop."""
+
+    def eval_due(self, step: int) -> bool:
+        """Whether step `step` ends with a held-out evaluation (and so a log line)."""
+
+    def evaluate(self, params) -> dict[str, float]:
+        """Held-out scores of `params`, named eval_*."""
+
+    def rates(self, steps_per_second: float) -> dict[str, float]:
+        """Throughput scalars for a log line."""
+
+    def log_line(self, step: int, num_steps: int, scalars: dict[str, float], steps_per_second: float) -> str:
+        """The text of a log line."""
+
+    def restart_input(self, step: int) -> Iterator:
+        """The training input for a run restored at `step` from a checkpoint that holds no input position for this
+        number of processes: a stream the run has not just seen."""
+
+
+@dataclasses.dataclass
+class TrainResult:
+    metrics: dict[str, float]  # the last log line's, with "step" (empty when there was nothing to train)
+    preempted_at_step: int | None = None  # SIGTERM stopped the run after saving a checkpoint of this step
+
+
+@dataclasses.dataclass
+class _Start:
+    """What the loop starts from (see `_start`)."""
+    state: TrainState
+    step_rng: jax.Array
+    batches: Iterator  # the training input, at the position the state was saved with
+    health: divergence.Health  # the checkpoint's record, with a rewind that checkpoint.restore_step asks for added
+    position: int  # the input position the checkpoint holds (before any skip; 0 from scratch)
+
+
+def checkpointer(config, workdir: str) -> checkpoint_lib.Checkpointer:
+    """The run's Checkpointer in WORKDIR/checkpoints, as config.checkpoint sets it."""
+    ckpt = config.checkpoint
+    return checkpoint_lib.Checkpointer(fileio.join(workdir, checkpoint_lib.CHECKPOINT_SUBDIR),
+                                       every_steps=ckpt.every_steps, max_to_keep=ckpt.max_to_keep,
+                                       keep_best=ckpt.keep_best, async_save=ckpt.async_save,
+                                       compression=ckpt.compression)
+
+
+def train(job: Job, setup: Setup, config, workdir: str, *, num_steps: int, train_step, batches: Iterator,
+          fresh_state: Callable[[], TrainState], on_start: Callable[[TrainState], None] = lambda state: None
+          ) -> tuple[TrainResult, TrainState]:
+    """Runs (or resumes) a job to step `num_steps`; returns (its result, the final state).
+
+    `train_step`: setup's jitted step; `batches`: the training input from its start (the checkpoint's position
+    replaces it on resume); `fresh_state()`: the state of a run with no checkpoint (--config.init or scratch);
+    `on_start(state)`: called with the state the run starts from. Call under `jax.set_mesh(setup.mesh)`.
+    On SIGTERM it saves a checkpoint at the current step and returns early (TrainResult.preempted_at_step).
+    """
+    saver = checkpointer(config, workdir)
+    try:
+        start = _start(job, setup, config, saver, batches, fresh_state)
+        on_start(start.state)
+        if int(start.state.step) >= num_steps:
+            logging.warning("the checkpoint is already at step %d of %d: nothing to train (raise "
+                            "--config.train.num_steps to train on)", int(start.state.step), num_steps)
+        loop = _Loop(job, setup, config, saver, start, workdir, num_steps, train_step)
+        try:
+            result = loop.run()
+        finally:
+            loop.preemption.close()
+            loop.writer.close()
+    except BaseException:
+        with contextlib.suppress(Exception):  # a save in flight completes before the error is raised
+            saver.close()
+        raise
+    saver.close()
+    return result, loop.state
+
+
+def _start(job: Job, setup: Setup, config, saver, batches, fresh_state) -> _Start:
+    """The state, RNG and input to start from; see bert_jax/checkpoint.py for the order."""
+    train, ckpt = config.train, config.checkpoint
+    step_rng = dropout_key(train.seed, train.dropout_rng, jax.devices()[0].platform)
+    replicated = NamedSharding(setup.mesh, PartitionSpec())
+    rewind = bool(ckpt.restore_step) and _rewind_on_request(saver, ckpt.restore_step, ckpt.skip_batches)
+    restored = saver.restore_latest(setup.abstract, setup.shardings, replicated, batches,
+                                    rng_impl=jax.random.key_impl(step_rng))
+    if restored is None:
+        logging.info("no checkpoint in %s: starting %s", saver.directory,
+                     f"from --config.init={config.init}" if config.init else f"from scratch (seed {train.seed})")
+        return _Start(fresh_state(), step_rng, batches, divergence.Health(), 0)
+    step, state, step_rng, record = restored
+    health = divergence.Health.from_json(record)
+    if batches.position == 0 and step > 0:
+        # The input position was not restored (another process count): a stream the run has not just seen rather
+        # than a replay of its first batches.
+        batches = job.restart_input(step)
+    position = batches.position
+    if rewind:
+        if step != ckpt.restore_step:
+            raise ValueError(f"--config.checkpoint.restore_step={ckpt.restore_step}: that checkpoint could not "
+                             "be restored (set aside as corrupt, see the warning above); name another step")
+        _skip_batches(batches, ckpt.skip_batches, "--config.checkpoint.skip_batches")
+        health.rewinds.append({"step": step, "skip_batches": ckpt.skip_batches, "automatic": False})
+    logging.info("resumed from %s at step %d (input position: batch %d)",
+                 fileio.join(saver.directory, str(step)), step, batches.position)
+    return _Start(state, step_rng, batches, health, position)
+
+
+def _rewind_on_request(saver, step: int, skip_batches: int) -> bool:
+    """checkpoint.restore_step: sets aside the checkpoints newer than `step` (as STEP.rewound) so that the run
+    resumes from it; True. False when this run's lineage has already done so (the newest checkpoint records the
+    rewind): rerunning the same command after a preemption resumes from the newest checkpoint, skipping nothing."""
+    steps = saver.all_steps()
+    for newest in reversed(steps):
+        try:
+            record = saver.read_health(newest)
+        except Exception:  # pylint: disable=broad-except  # a damaged one: the restore below sets it aside
+            continue
+        if divergence.Health.from_json(record).has_rewind(step, skip_batches):
+            logging.info("--config.checkpoint.restore_step=%d (skip_batches=%d) is already in effect: checkpoint %d "
+                         "was written after that rewind; resuming from the newest checkpoint", step, skip_batches,
+                         newest)
+            return False
+        break
+    if step not in steps:
+        directory = epath.Path(saver.directory)
+        aside = sorted(path.name for path in directory.glob(f"{step}.*")) if directory.exists() else []
+        raise ValueError(f"--config.checkpoint.restore_step={step}: {directory} has no checkpoint of step {step} "
+                         f"(it has steps {steps}" + (f"; set aside: {aside}, rename one back to {step} to use it"
+                                                      if aside else "") + ")")
+    for newer in (newer for newer in steps if newer > step):
+        target = saver.set_aside(newer, "rewound")
+        logging.warning("--config.checkpoint.restore_step=%d: checkpoint %d moved aside to %s", step, newer, target)
+    return True
+
+
+def _skip_batches(batches, count: int, field: str) -> None:
+    """Advances the input by `count` batches (read and dropped): nothing else changes."""
+    for skipped in range(count):
+        if next(batches, None) is None:
+            raise ValueError(f"{field}={count}: the training input ended after {skipped} skipped batches")
+    if count:
+        logging.info("skipped %d batches of input (%s); the input position is now batch %d", count, field,
+                     batches.position)
+
+
+class _Profiler:
+    """A profiler trace of steps [start, start + num_steps) into WORKDIR/profile (TensorBoard's profile tab)."""
+
+    def __init__(self, workdir: str, start: int, num_steps: int):
+        self.directory = fileio.join(workdir, "profile")
+        self.start, self.stop = start, start + num_steps - 1
+        self.active = False
+
+    def before_step(self, step: int) -> None:
+        if self.start > 0 and step == self.start:
+            jax.profiler.start_trace(self.directory)
+            self.active = True
+
+    def after_step(self, step: int, outputs) -> None:
+        if self.active and step >= self.stop:
+            jax.block_until_ready(outputs)
+            jax.profiler.stop_trace()
+            self.active = False
+            logging.info("profiler trace of steps %d-%d written to %s", self.start, step, self.directory)
+
+
+class _Window:
+    """The host metrics of the steps since the last log line, and their rate. The first step after a (re)start
+    compiles: it is judged at once and the clock starts at its end."""
+
+    def __init__(self):
+        self.metrics: list[dict[str, float]] = []
+        self.timed_steps, self.start = 0, None
+
+    def summary(self) -> tuple[dict[str, float], float]:
+        """(the mean of each metric, steps per second: 0.0 when no step was timed)."""
+        steps_per_second = self.timed_steps / (time.perf_counter() - self.start) if self.timed_steps else 0.0
+        return {k: float(np.mean([m[k] for m in self.metrics])) for k in self.metrics[0]}, steps_per_second
+
+    def restart(self) -> None:
+        self.metrics, self.timed_steps, self.start = [], 0, time.perf_counter()
+
+
+class _Loop:
+    """The training loop: one step in flight, each judged by the next step's metrics read (bert_jax.divergence),
+    log lines with evaluations, checkpoints saved once their loss is known to be healthy, SIGTERM, rewinds."""
+
+    def __init__(self, job: Job, setup: Setup, config, saver, start: _Start, workdir: str, num_steps: int,
+                 train_step):
+        train = config.train
+        self.job, self.setup, self.config, self.checkpointer, self.workdir = job, setup, config, saver, workdir
+        self.num_steps, self.train_step = num_steps, train_step
+        self.state, self.rng, self.batches = start.state, start.step_rng, start.batches
+        self.batch_sharding = setup.batch_sharding
+        # Steps after the one resumed from are logged again: their records from an interrupted run go.
+        self.writer = metrics_lib.MetricWriter(workdir, resume_step=int(self.state.step))
+        self.preemption = checkpoint_lib.PreemptionWatcher()
+        self.profiler = _Profiler(workdir, train.profile_start_step, train.profile_steps)
+        self.monitor = divergence.Monitor(train.spike_factor, train.spike_window, start.health)
+        saver.protect(self.monitor.newest_verified(saver.all_steps()))
+        # Checkpoints whose parameters the next step judges: the one resumed from and those saved by this process.
+        step = int(self.state.step)
+        self.unjudged = {step} if step in saver.all_steps() else set()
+        self.positions = {step: start.position}  # checkpoint step -> the input position it holds
+        self.fed: dict[int, int] = {}  # step -> the input position of its batch, for the steps not yet judged
+        self.last_logged: dict[str, float] = {}
+
+    def run(self) -> TrainResult:
+        while True:
+            try:
+                return self._train()
+            except divergence.Diverged as diverged:
+                self._rewind(diverged)
+
+    def _train(self) -> TrainResult:
+        train = self.config.train
+        window, pending = _Window(), None  # pending: (step, device metrics) of the step before the one in flight
+        for step in range(int(self.state.step) + 1, self.num_steps + 1):
+            metrics = self._step(step)
+            # Reading the previous step's metrics keeps one step in flight while still naming a bad step exactly.
+            if pending is not None:
+                self._judge(*pending, window)
+            pending = (step, metrics)
+            if window.start is None:
+                self._judge(*pending, window)
+                pending = None
+                window.start = time.perf_counter()
+            else:
+                window.timed_steps += 1
+            stop = self.preemption.should_stop(step)
+            last = step == self.num_steps
+            save = self.checkpointer.should_save(step) or last or stop
+            evaluate = self.job.eval_due(step)
+            log = step % train.log_every == 0 or last or stop or evaluate
+            if (save or log) and pending is not None:  # a state is saved only once its loss is known to be healthy
+                self._judge(*pending, window)
+                pending = None
+            scalars = self._log(step, window, evaluate) if log else None
+            if save:
+                self._save(step, scalars)
+            if stop:
+                self.checkpointer.wait()
+                logging.warning("SIGTERM received: saved a checkpoint at step %d in %s; stopping. Run the same "
+                                "command again to resume.", step, self.checkpointer.directory)
+                return TrainResult(self.last_logged, preempted_at_step=step)
+        return TrainResult(self.last_logged)
+
+    def _step(self, step: int):
+        """Dispatches step `step`; returns its metrics, still on the devices."""
+        self.profiler.before_step(step)
+        self.fed[step] = self.batches.position
+        self.fed.pop(step - 3, None)
+        batch = sharding_lib.make_global_batch(next(self.batches), self.batch_sharding)
+        self.state, metrics = self.train_step(self.state, batch, self.rng)
+        self.checkpointer.check()  # a background save that failed stops the run now, not at the next save
+        self.profiler.after_step(step, metrics)
+        return metrics
+
+    def _judge(self, step: int, device_metrics, window: _Window) -> None:
+        """Raises divergence.Diverged if step `step` diverged; else verifies the checkpoint it started from."""
+        host = {k: float(v) for k, v in jax.device_get(device_metrics).items()}
+        self.monitor.check(step, host)
+        if step - 1 in self.unjudged:
+            self.unjudged.discard(step - 1)
+            self.monitor.verify(step - 1)
+            self.checkpointer.protect(step - 1)
+        del host["params_finite"]
+        window.metrics.append(host)
+
+    def _log(self, step: int, window: _Window, evaluate: bool) -> dict[str, float]:
+        """The log line of the steps in `window` (plus the job's evaluation when one is due): logged and written."""
+        scalars, steps_per_second = window.summary()
+        if steps_per_second:
+            scalars.update(self.job.rates(steps_per_second))
+        if evaluate:
+            scalars.update(self.job.evaluate(self.state.params))
+        logging.info("%s", self.job.log_line(step, self.num_steps, scalars, steps_per_second))
+        self.writer.write(step, scalars)
+        self.last_logged = dict(scalars, step=step)
+        window.restart()  # after the evaluation: it is not training time
+        return scalars
+
+    def _save(self, step: int, scalars: dict[str, float] | None) -> None:
+        self.checkpointer.save(step, self.state, self.rng, self.batches, metrics=scalars,
+                               health=self.monitor.record(self.checkpointer.all_steps()))  # logs how it saved
+        self.unjudged.add(step)
+        self.positions[step] = self.batches.position
+
+    def _rewind(self, diverged: divergence.Diverged) -> None:
+        """Goes on from the newest verified checkpoint past the input that diverged, or raises DivergenceError."""
+        self.state, self.rng, self.monitor = _rewind_after(
+            diverged, self.fed.get(diverged.step), self.setup, self.config.checkpoint, self.checkpointer,
+            self.monitor, self.rng, self.batches, self.positions)
+        self.unjudged = {int(self.state.step)}
+        self.writer.close()  # its records after the step rewound to go
+        self.writer = metrics_lib.MetricWriter(self.workdir, resume_step=int(self.state.step))
+
+
+def _batches_to_skip(diverged_step: int, diverged_position: int | None, step: int, position: int | None) -> int:
+    """Batches to skip after restoring checkpoint `step` (holding input `position`) to be past the batch step
+    `diverged_step` was fed (at input `diverged_position`)."""
+    if position is None or diverged_position is None:
+        return diverged_step - step  # one batch per step since that checkpoint
+    return diverged_position + 1 - position
+
+
+def _rewind_after(diverged: divergence.Diverged, diverged_position: int | None, setup: Setup, ckpt, saver, monitor,
+                  rng, train_batches, positions: dict[int, int]):
+    """After step S diverged: checkpoint S-1, whose parameters S started from, is set aside as diverged; then,
+    while checkpoint.max_rewinds allows, the newest verified checkpoint is restored and
+    checkpoint.rewind_skip_batches of input skipped (returns (state, rng, monitor) to go on from, the input advanced
+    in place); otherwise DivergenceError names the checkpoint to resume from."""
+    saver.wait()  # a save in flight completes: the checkpoints left stay whole
+    existing = saver.all_steps()
+    aside = ""
+    if diverged.step - 1 in existing and diverged.step - 1 not in monitor.health.verified:
+        target = saver.set_aside(diverged.step - 1, "diverged")
+        aside = (f" Checkpoint {diverged.step - 1}, whose parameters that step started from, is set aside as "
+                 f"{target}.")
+        existing = saver.all_steps()
+    verified = monitor.newest_verified(existing)
+    rewinds = monitor.health.automatic_rewinds()
+    if verified is not None and rewinds < ckpt.max_rewinds:
+        logging.warning("%s; stopped without saving it.%s Rewinding to checkpoint %d, the newest verified one, and "
+                        "skipping the input through the batch that diverged, plus checkpoint.rewind_skip_batches=%d "
+                        "(automatic rewind %d of checkpoint.max_rewinds=%d)", diverged, aside, verified,
+                        ckpt.rewind_skip_batches, rewinds + 1, ckpt.max_rewinds)
+        for newer in (newer for newer in existing if newer > verified):  # never judged: a restart must not use them
+            saver.set_aside(newer, "rewound")
+        restored = saver.restore_latest(setup.abstract, setup.shardings, NamedSharding(setup.mesh, PartitionSpec()),
+                                        train_batches, rng_impl=jax.random.key_impl(rng))
+        if restored is None:
+            raise divergence.DivergenceError(f"no checkpoint in {saver.directory} could be restored to rewind "
+                                             "to (see the warnings above): rerun to start again")
+        step, state, rng, record = restored
+        positions[step] = train_batches.position
+        # Past the batch that diverged: from the same parameters, with the same dropout, it would diverge again.
+        skip = _batches_to_skip(diverged.step, diverged_position, step, positions[step]) + ckpt.rewind_skip_batches
+        health = divergence.Health.from_json(record)
+        # The lineage this process knows (which may hold rewinds since that checkpoint was saved), plus this one.
+        health.rewinds = [*monitor.health.rewinds, {"step": step, "skip_batches": skip, "automatic": True}]
+        health.verified = sorted({*health.verified, *(s for s in monitor.health.verified if s <= step), step})
+        _skip_batches(train_batches, skip, "--config.checkpoint.rewind_skip_batches")
+        logging.info("resumed from %s at step %d (input position: batch %d)",
+                     fileio.join(saver.directory, str(step)), step, train_batches.position)
+        return state, rng, divergence.Monitor(monitor.spike_factor, monitor.spike_window, health)
+    raise divergence.DivergenceError(_stopped_message(diverged, diverged_position, ckpt, saver.directory, existing,
+                                                      verified, positions, aside))
+
+
+def _stopped_message(diverged, diverged_position, ckpt, directory, existing, verified, positions, aside) -> str:
+    """What a diverged run that stops says: the checkpoint to resume from, and how to get past the bad data."""
+    past = "--config.checkpoint.restore_step=STEP --config.checkpoint.skip_batches=K"
+    if verified is not None:
+        past = (f"--config.checkpoint.restore_step={verified} --config.checkpoint.skip_batches="
+                f"{_batches_to_skip(diverged.step, diverged_position, verified, positions.get(verified))}")
+    fix = "with a lower --config.optim.learning_rate (or stronger clipping, --config.optim.max_grad_norm)"
+    if existing:
+        fix += f", or past the data that diverged ({past}; or automatically: --config.checkpoint.max_rewinds=N)"
+    if verified is not None:
+        how = (f"The newest checkpoint whose parameters gave a healthy next step is step {verified} in "
+               f"{directory}: rerun to resume from it" if verified == existing[-1] else
+               f"The newest checkpoint whose parameters gave a healthy next step is step {verified} in "
+               f"{directory}: rerun with --config.checkpoint.restore_step={verified} to resume from it")
+    elif existing:
+        how = (f"No checkpoint left was verified by a healthy next step; the newest is step {existing[-1]} in "
+               f"{directory}: rerun to resume from it")
+    else:
+        how = "No checkpoint is left to resume from: rerun to start again"
+    if verified is not None and ckpt.max_rewinds:
+        how = f"checkpoint.max_rewinds={ckpt.max_rewinds} automatic rewinds are used up. " + how
+    return f"{diverged}; stopped without saving it.{aside} {how}, {fix}"

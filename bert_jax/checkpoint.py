@@ -237,8 +237,10 @@ class Checkpointer:
                 raise CheckpointSaveError(f"refusing to save step {step}: the state holds NaN or infinite values in "
                                           f"{len(non_finite)} array(s), e.g. {non_finite[:3]}")
             items[INTEGRITY_ITEM] = ocp.args.JsonSave({"checksums": checksums})
-        eval_loss = None
-        if metrics and "eval_mlm_loss" in metrics:
+        eval_loss = None  # what keep_best ranks: a task's held-out loss, or pretraining's MLM + NSP
+        if metrics and "eval_loss" in metrics:
+            eval_loss = {"eval_loss": float(metrics["eval_loss"])}
+        elif metrics and "eval_mlm_loss" in metrics:
             eval_loss = {"eval_loss": float(metrics["eval_mlm_loss"] + metrics["eval_nsp_loss"])}
         self.wait()  # the previous save's outcome first: a failed one stops the run before another is started
         with self._reporting_save_errors(step):

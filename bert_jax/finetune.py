@@ -2,10 +2,11 @@
 feature extraction, from any BERT checkpoint.
 
 `finetune(config, workdir)` trains the task's model (bert_jax.tasks: which examples, labels, head and held-out
-scores) with its cross-entropy loss, sharded like pretraining: the state is born sharded over the config's mesh, the
-pure steps are jitted with explicit shardings, the batch runs over the batch axes. It reports train loss/accuracy and
-the held-out scores to the log, WORKDIR/metrics.jsonl and TensorBoard, writes the held-out predictions, and saves the
-final parameters with Orbax to WORKDIR/finetuned/state (the layout of a pretraining checkpoint step, so
+scores) with its cross-entropy loss on the loop pretraining runs (bert_jax.loop), with the same guarantees: periodic
+asynchronous checkpoints in WORKDIR/checkpoints (config.checkpoint), resume after a crash or SIGTERM exactly where it
+stopped (parameters, optimizer state, dropout key and input position), integrity checks and set-aside, judged and
+verified checkpoints, rewinds. It reports train loss/accuracy and the held-out scores to the log,
+WORKDIR/metrics.jsonl and TensorBoard, writes the held-out predictions, and saves the final parameters with Orbax to WORKDIR/finetuned/state (the layout of a pretraining checkpoint step, so
 `checkpoint.restore_params` and `--config.init` read it back on any mesh), beside task.json (the head),
 labels.json (class names in id order), model_config.json and the tokenizer.
 
@@ -24,7 +25,6 @@ import dataclasses
 import json
 import math
 import os
-import time
 from typing import Any
 
 from absl import logging
@@ -43,7 +43,6 @@ from bert_jax.data import conll
 from bert_jax import divergence
 from bert_jax.data import finetune_data
 from bert_jax import fileio
-from bert_jax import metrics as metrics_lib
 from bert_jax import model as model_lib
 from bert_jax import optim
 from bert_jax.interop import init_architecture
@@ -51,7 +50,9 @@ from bert_jax.interop import pretrained
 from bert_jax import sharding as sharding_lib
 from bert_jax import tasks
 from bert_jax.data import tokenization
-from bert_jax.train import TrainState, apply_gradients, dropout_key, jit_train_step
+from bert_jax import loop
+from bert_jax.loop import TrainResult
+from bert_jax.train import Setup, TrainState, apply_gradients, init_inputs
 
 FINETUNED_SUBDIR = "finetuned"
 LABELS_FILE = "labels.json"
@@ -291,81 +292,98 @@ def _write_model_files(output_dir: str, task: tasks.Task, encoder: str, model_co
         tokenizer.save(output_dir)
 
 
-def _create_state(config, model, source, tx, mesh, rules):
-    """(TrainState, its shardings): the parameters --config.init gives (or fresh ones), a fresh optimizer state."""
+def _create_state(config, setup: Setup, source) -> TrainState:
+    """A fresh TrainState: the parameters --config.init gives (or fresh ones), a fresh optimizer state."""
     init_rng = jax.random.split(jax.random.key(config.train.seed))[0]
-    params, param_shardings = load_params(config, model, source, mesh, rules, init_rng)
-    boxed, _, _ = _abstract_params(model, mesh, rules, config.data.max_seq_length)
-    opt_shardings = sharding_lib.tree_shardings(jax.eval_shape(tx.init, boxed), mesh, rules)
-    replicated = NamedSharding(mesh, PartitionSpec())
-    state = TrainState(step=jax.device_put(jnp.zeros((), jnp.int32), replicated), params=params,
-                       opt_state=jax.jit(tx.init, out_shardings=opt_shardings)(params))
-    return state, TrainState(step=replicated, params=param_shardings, opt_state=opt_shardings)
+    params, _ = load_params(config, setup.model, source, setup.mesh, setup.rules, init_rng)
+    state = setup.create_state(init_rng)  # the same fresh head as load_params': one init, one key
+    # The optimizer's initial state (zero moments, count 0) does not depend on the parameters' values.
+    return state.replace(params=params)
 
 
-def finetune(config, workdir: str) -> dict[str, float]:
-    """Fine-tunes a classifier as `config` (from bert_jax.job_config.prepare) describes; returns the last logged
-    metrics (with eval_accuracy)."""
+class _FineTuning:
+    """What fine-tuning adds to bert_jax.loop: the task's held-out scores (and its predictions, kept for the files
+    written at the end), examples per second, its log line, and the input at a step."""
+
+    def __init__(self, config, task, setup: Setup, num_steps: int, rows):
+        self.config, self.task, self.setup, self.num_steps, self.rows = config, task, setup, num_steps, rows
+        self.eval_step = setup.jit_eval_step(make_eval_step(setup.model, setup.rules))
+        make_step = make_logits_step if task.kind == "qa" else make_predict_step
+        self.predict_step = setup.jit_eval_step(make_step(setup.model, setup.rules))
+        self.predicted = None  # the last evaluation's tags (per held-out sentence and word) or answers (qa)
+
+    def batches(self, position: int = 0) -> finetune_data.TrainBatches:
+        train = self.config.train
+        return finetune_data.TrainBatches(self.task.train_encoded, self.task.train_labels, train.batch_size,
+                                          train.seed, self.rows, position)
+
+    def eval_due(self, step: int) -> bool:
+        eval_every = self.config.train.eval_every
+        return bool(self.config.data.eval_file) and (step == self.num_steps or
+                                                     (eval_every > 0 and step % eval_every == 0))
+
+    def evaluate(self, params) -> dict[str, float]:
+        task, batch_size = self.task, self.config.train.batch_size
+        scores = _evaluate(self.eval_step, params, task.eval_encoded, task.eval_labels, batch_size,
+                           self.setup.batch_sharding, self.rows)
+        if task.kind != "sequence":
+            outputs = _in_order(self.predict_step, params, task.eval_encoded, batch_size, self.setup.batch_sharding,
+                                self.rows)
+            task_scores, self.predicted = tasks.held_out_scores(task, outputs, self.config.data)
+            scores.update(task_scores)
+        return scores
+
+    def rates(self, steps_per_second: float) -> dict[str, float]:
+        return {"examples_per_second": steps_per_second * self.config.train.batch_size}
+
+    def log_line(self, step: int, num_steps: int, scalars: dict[str, float], steps_per_second: float) -> str:
+        return f"step {step}/{num_steps} | " + " | ".join(f"{k} {v:.4g}" for k, v in scalars.items())
+
+    def restart_input(self, step: int):
+        return self.batches(position=step)  # one batch per step (no skips recorded without a position)
+
+    def final_problem(self, params, batches) -> str | None:
+        """None when the parameters after the last step give a healthy loss on the next training batch (without
+        dropout); else what went wrong, in words."""
+        sums = jax.device_get(self.eval_step(params, sharding_lib.make_global_batch(next(batches),
+                                                                                    self.setup.batch_sharding)))
+        loss = float(sums["loss_sum"]) / max(float(sums["count"]), 1.0)
+        train = self.config.train
+        return divergence.Monitor(train.spike_factor, train.spike_window).problem({"loss": loss})
+
+
+def finetune(config, workdir: str) -> TrainResult:
+    """Fine-tunes the task's model as `config` (from bert_jax.job_config.prepare) describes, on bert_jax.loop: from
+    the workdir's newest checkpoint (WORKDIR/checkpoints), else --config.init, else scratch. Returns the last logged
+    metrics (with the held-out scores); on SIGTERM it saves a checkpoint and returns early
+    (TrainResult.preempted_at_step). WORKDIR/finetuned is written once the run ends with healthy parameters."""
     # Data, model and optimizer.
     tokenizer, source, mesh, rules = _setup(config)
     task = tasks.read_task(config, tokenizer)
     tx, schedule, num_steps = _create_optimizer(config, len(task.train_labels))
     model = tasks.task_model(task, source.model_config, config.train.encoder)
+    setup = Setup.build(model, tx, schedule, mesh, rules, init_inputs(config.data.max_seq_length))
     output_dir = fileio.join(workdir, FINETUNED_SUBDIR)
-    _write_model_files(output_dir, task, config.train.encoder, source.model_config, tokenizer)
-    train = config.train
-    dropout_rng = dropout_key(train.seed, train.dropout_rng, jax.devices()[0].platform)
-    writer = metrics_lib.MetricWriter(workdir)
     with jax.set_mesh(mesh):
-        # State and steps.
-        state, state_shardings = _create_state(config, model, source, tx, mesh, rules)
-        batch_sharding = sharding_lib.batch_sharding(mesh, rules)
-        rows = sharding_lib.process_rows(batch_sharding, train.batch_size)
-        train_step = jit_train_step(make_train_step(model, tx, schedule, rules), state_shardings, mesh, rules)
-        replicated = NamedSharding(mesh, PartitionSpec())  # every process holds the whole result
-        eval_step = jax.jit(make_eval_step(model, rules), in_shardings=(state_shardings.params, batch_sharding),
-                            out_shardings=replicated)
-        make_step = make_logits_step if task.kind == "qa" else make_predict_step
-        predict_step = jax.jit(make_step(model, rules), in_shardings=(state_shardings.params, batch_sharding),
-                               out_shardings=replicated)
-        predicted = None  # the last evaluation's tags (per held-out sentence and word) or answers (qa)
-        # Loop.
-        batches = finetune_data.train_batches(len(task.train_labels), train.batch_size, train.seed)
-        monitor = divergence.Monitor(train.spike_factor, train.spike_window)
-        window, last, start = [], {}, time.perf_counter()
-        for step in range(1, num_steps + 1):
-            local = finetune_data.local_batch(task.train_encoded, task.train_labels, next(batches), rows)
-            state, metrics = train_step(state, sharding_lib.make_global_batch(local, batch_sharding), dropout_rng)
-            window.append(metrics)  # pulled to the host only at log steps
-            evaluate = bool(config.data.eval_file) and (step == num_steps or
-                                                        (train.eval_every > 0 and step % train.eval_every == 0))
-            if step % train.log_every and step != num_steps and not evaluate:
-                continue
-            scalars = _window_scalars(monitor, jax.device_get(window), step, output_dir)
-            scalars["examples_per_second"] = len(window) * train.batch_size / (time.perf_counter() - start)
-            if evaluate:
-                scalars.update(_evaluate(eval_step, state.params, task.eval_encoded, task.eval_labels,
-                                         train.batch_size, batch_sharding, rows))
-                if task.kind != "sequence":
-                    outputs = _in_order(predict_step, state.params, task.eval_encoded, train.batch_size,
-                                        batch_sharding, rows)
-                    scores, predicted = tasks.held_out_scores(task, outputs, config.data)
-                    scalars.update(scores)
-            logging.info("step %d/%d | %s", step, num_steps, " | ".join(f"{k} {v:.4g}" for k, v in scalars.items()))
-            writer.write(step, scalars)
-            last = dict(scalars, step=step)
-            window, start = [], time.perf_counter()
-        # Saved only once their own loss, on the next training batch (without dropout), is known to be healthy.
-        _judge_final_params(monitor, eval_step, state.params, task.train_encoded, task.train_labels, next(batches),
-                            rows, batch_sharding, num_steps, output_dir)
+        rows = sharding_lib.process_rows(setup.batch_sharding, config.train.batch_size)
+        job = _FineTuning(config, task, setup, num_steps, rows)
+        train_step = setup.jit_train_step(make_train_step(model, tx, schedule, rules))
+        result, state, batches = loop.train(job, setup, config, workdir, num_steps=num_steps, train_step=train_step,
+                                            batches=job.batches(), fresh_state=lambda: _create_state(config, setup,
+                                                                                                     source),
+                                            final_problem=job.final_problem)
+        if result.preempted_at_step is not None and result.preempted_at_step < num_steps:
+            return result
+        if not result.metrics and config.data.eval_file:  # a finished run, rerun: its scores again
+            result.metrics = dict(job.evaluate(state.params), step=int(state.step))
+        _write_model_files(output_dir, task, config.train.encoder, source.model_config, tokenizer)
         with ocp.StandardCheckpointer() as saver:
             saver.save(epath.Path(output_dir) / checkpoint_lib.STATE_ITEM, {"train_state": {"params": state.params}},
                        force=True)
-    writer.close()
     logging.info("fine-tuned parameters saved to %s (classes in %s)", output_dir, LABELS_FILE)
-    if predicted is not None and jax.process_index() == 0:
-        tasks.write_predictions(workdir, task, predicted)
-    return last
+    if job.predicted is not None and jax.process_index() == 0:
+        tasks.write_predictions(workdir, task, job.predicted)
+    return result
 
 
 def _in_order(step, params, encoded: dict, batch_size: int, batch_sharding, rows) -> np.ndarray:
@@ -376,32 +394,6 @@ def _in_order(step, params, encoded: dict, batch_size: int, batch_sharding, rows
         local = finetune_data.local_batch(encoded, None, indices, rows)
         blocks.append(np.asarray(step(params, sharding_lib.make_global_batch(local, batch_sharding)))[indices >= 0])
     return np.concatenate(blocks)
-
-
-def _window_scalars(monitor, host: list[dict], step: int, output_dir: str) -> dict[str, float]:
-    """The mean metrics of the steps up to `step` since the last log line, each step judged first (in order)."""
-    try:
-        for offset, values in enumerate(host):
-            monitor.check(step - len(host) + 1 + offset, {name: float(value) for name, value in values.items()})
-    except divergence.Diverged as diverged:
-        raise divergence.DivergenceError(
-            f"{diverged}; stopped, nothing saved ({output_dir} holds what an earlier run saved, if any): lower "
-            "--config.optim.learning_rate or check the data") from None
-    return {k: float(np.mean([values[k] for values in host])) for k in ("loss", "accuracy", "grad_norm",
-                                                                         "learning_rate")}
-
-
-def _judge_final_params(monitor, eval_step, params, encoded, labels, indices, rows, batch_sharding, step: int,
-                        output_dir: str) -> None:
-    """Raises DivergenceError unless the parameters after the last step give a healthy loss on `indices`' batch."""
-    sums = jax.device_get(eval_step(params, sharding_lib.make_global_batch(
-        finetune_data.local_batch(encoded, labels, indices, rows), batch_sharding)))
-    loss = float(sums["loss_sum"]) / max(float(sums["count"]), 1.0)
-    problem = monitor.problem({"loss": loss})
-    if problem:
-        raise divergence.DivergenceError(
-            f"the parameters after step {step} {problem} on the next training batch; not saved ({output_dir} holds what an earlier run saved, if any): lower "
-            "--config.optim.learning_rate or check the data")
 
 
 def extract_features(config, workdir: str) -> str:

@@ -133,13 +133,17 @@ def _validate_pretraining(config, num_devices: int, process_count: int, mode: st
     if per_replica % config.optim.grad_accum_steps:
         raise ValueError(f"--config.optim.grad_accum_steps={config.optim.grad_accum_steps} must divide the "
                          f"per-device batch train.batch_size/{data_parallel} = {per_replica}")
-    if train.profile_start_step < 0 or train.profile_steps <= 0:
-        raise ValueError(f"--config.train.profile_start_step={train.profile_start_step} must be >= 0 (0: no trace) "
-                         f"and --config.train.profile_steps={train.profile_steps} positive")
+    _validate_profile(train)
     _validate_checkpointing(config.checkpoint)
     divergence.validate_config(train)
     validate_dropout_rng(train.dropout_rng)
     _validate_pretraining_data(config, bert_config, mode)
+
+
+def _validate_profile(train) -> None:
+    if train.profile_start_step < 0 or train.profile_steps <= 0:
+        raise ValueError(f"--config.train.profile_start_step={train.profile_start_step} must be >= 0 (0: no trace) "
+                         f"and --config.train.profile_steps={train.profile_steps} positive")
 
 
 def _validate_checkpointing(ckpt) -> None:
@@ -220,8 +224,14 @@ def _validate_downstream(config, num_devices: int, process_count: int, mode: str
         fail("train.log_every", "must be positive")
     if train.eval_every < 0:
         fail("train.eval_every", "must be >= 0 (0: evaluate only at the end)")
+    _validate_profile(train)
     divergence.validate_config(train)
     validate_dropout_rng(train.dropout_rng)
+    if mode == "finetune":  # the same checkpoints as pretraining (bert_jax.loop)
+        _validate_checkpointing(config.checkpoint)
+        if config.checkpoint.keep_best and not data.eval_file:
+            fail("checkpoint.keep_best", "ranks checkpoints by eval loss: set --config.data.eval_file, or "
+                 "--config.checkpoint.keep_best=False")
     if data.max_seq_length > bert_config.max_position_embeddings:
         raise ValueError(f"--config.data.max_seq_length={data.max_seq_length} exceeds the model's "
                          f"max_position_embeddings={bert_config.max_position_embeddings}")

@@ -78,13 +78,15 @@ def checkpointer(config, workdir: str) -> checkpoint_lib.Checkpointer:
 
 
 def train(job: Job, setup: Setup, config, workdir: str, *, num_steps: int, train_step, batches: Iterator,
-          fresh_state: Callable[[], TrainState], on_start: Callable[[TrainState], None] = lambda state: None
-          ) -> tuple[TrainResult, TrainState]:
-    """Runs (or resumes) a job to step `num_steps`; returns (its result, the final state).
+          fresh_state: Callable[[], TrainState], on_start: Callable[[TrainState], None] = lambda state: None,
+          final_problem: Callable | None = None) -> tuple[TrainResult, TrainState, Iterator]:
+    """Runs (or resumes) a job to step `num_steps`; returns (its result, the final state, the training input).
 
     `train_step`: setup's jitted step; `batches`: the training input from its start (the checkpoint's position
     replaces it on resume); `fresh_state()`: the state of a run with no checkpoint (--config.init or scratch);
-    `on_start(state)`: called with the state the run starts from. Call under `jax.set_mesh(setup.mesh)`.
+    `on_start(state)`: called with the state the run starts from; `final_problem(params, batches)`: None when the
+    parameters after the last step are healthy on the next batch, else the problem in words (the last checkpoint is
+    then set aside and DivergenceError names the newest verified one). Call under `jax.set_mesh(setup.mesh)`.
     On SIGTERM it saves a checkpoint at the current step and returns early (TrainResult.preempted_at_step).
     """
     saver = checkpointer(config, workdir)
@@ -100,12 +102,14 @@ def train(job: Job, setup: Setup, config, workdir: str, *, num_steps: int, train
         finally:
             loop.preemption.close()
             loop.writer.close()
+        if final_problem is not None and result.preempted_at_step in (None, num_steps):
+            loop.judge_final(final_problem)
     except BaseException:
         with contextlib.suppress(Exception):  # a save in flight completes before the error is raised
             saver.close()
         raise
     saver.close()
-    return result, loop.state
+    return result, loop.state, loop.batches
 
 
 def _start(job: Job, setup: Setup, config, saver, batches, fresh_state) -> _Start:
@@ -319,6 +323,25 @@ class _Loop:
         self.unjudged.add(step)
         self.positions[step] = self.batches.position
 
+    def judge_final(self, final_problem) -> None:
+        """Raises DivergenceError, the last checkpoint set aside, unless `final_problem` finds the parameters after
+        the last step healthy."""
+        step = int(self.state.step)
+        problem = final_problem(self.state.params, self.batches)
+        if problem is None:
+            return
+        self.checkpointer.wait()
+        aside = ""
+        if step in self.checkpointer.all_steps() and step not in self.monitor.health.verified:
+            target = self.checkpointer.set_aside(step, "diverged")
+            aside = f" Checkpoint {step}, which holds them, is set aside as {target}."
+        existing = self.checkpointer.all_steps()
+        # As for a step that diverged: the batch that judged them is the one to get past.
+        raise divergence.DivergenceError(_stopped_message(
+            f"the parameters after step {step} {problem} on the next training batch; not saved", step + 1,
+            self.batches.position - 1, self.config.checkpoint, self.checkpointer.directory, existing,
+            self.monitor.newest_verified(existing), self.positions, aside))
+
     def _rewind(self, diverged: divergence.Diverged) -> None:
         """Goes on from the newest verified checkpoint past the input that diverged, or raises DivergenceError."""
         self.state, self.rng, self.monitor = _rewind_after(
@@ -377,16 +400,18 @@ def _rewind_after(diverged: divergence.Diverged, diverged_position: int | None, 
         logging.info("resumed from %s at step %d (input position: batch %d)",
                      fileio.join(saver.directory, str(step)), step, train_batches.position)
         return state, rng, divergence.Monitor(monitor.spike_factor, monitor.spike_window, health)
-    raise divergence.DivergenceError(_stopped_message(diverged, diverged_position, ckpt, saver.directory, existing,
-                                                      verified, positions, aside))
+    raise divergence.DivergenceError(_stopped_message(f"{diverged}; stopped without saving it", diverged.step,
+                                                      diverged_position, ckpt, saver.directory, existing, verified,
+                                                      positions, aside))
 
 
-def _stopped_message(diverged, diverged_position, ckpt, directory, existing, verified, positions, aside) -> str:
+def _stopped_message(what: str, diverged_step: int, diverged_position: int | None, ckpt, directory, existing,
+                     verified, positions, aside) -> str:
     """What a diverged run that stops says: the checkpoint to resume from, and how to get past the bad data."""
     past = "--config.checkpoint.restore_step=STEP --config.checkpoint.skip_batches=K"
     if verified is not None:
         past = (f"--config.checkpoint.restore_step={verified} --config.checkpoint.skip_batches="
-                f"{_batches_to_skip(diverged.step, diverged_position, verified, positions.get(verified))}")
+                f"{_batches_to_skip(diverged_step, diverged_position, verified, positions.get(verified))}")
     fix = "with a lower --config.optim.learning_rate (or stronger clipping, --config.optim.max_grad_norm)"
     if existing:
         fix += f", or past the data that diverged ({past}; or automatically: --config.checkpoint.max_rewinds=N)"
@@ -402,4 +427,4 @@ def _stopped_message(diverged, diverged_position, ckpt, directory, existing, ver
         how = "No checkpoint is left to resume from: rerun to start again"
     if verified is not None and ckpt.max_rewinds:
         how = f"checkpoint.max_rewinds={ckpt.max_rewinds} automatic rewinds are used up. " + how
-    return f"{diverged}; stopped without saving it.{aside} {how}, {fix}"
+    return f"{what}.{aside} {how}, {fix}"

@@ -63,12 +63,11 @@ def main(argv):
         export = finetune.export_finetuned if job_config.is_finetuning_recipe(config) else functools.partial(
             pretraining.export_checkpoint, config)
         logging.info("exported to %s", export(FLAGS.workdir, FLAGS.checkpoint, FLAGS.export_format, FLAGS.output))
-    elif FLAGS.mode == "finetune":
-        _log_results(finetune.finetune(config, FLAGS.workdir))
     elif FLAGS.mode == "eval":
         _log_results(pretraining.evaluate_checkpoint(config, FLAGS.workdir, FLAGS.checkpoint))
-    else:
-        result = pretraining.train_and_evaluate(config, FLAGS.workdir)
+    else:  # both training jobs run bert_jax.loop
+        job = finetune.finetune if FLAGS.mode == "finetune" else pretraining.train_and_evaluate
+        result = job(config, FLAGS.workdir)
         if result.preempted_at_step is not None:
             logging.info("stopped by SIGTERM after saving step %d; rerun the same command to resume",
                          result.preempted_at_step)

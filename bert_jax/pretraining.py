@@ -149,9 +149,9 @@ def train_and_evaluate(config, workdir: str) -> TrainResult:
             num_params = sum(x.size for x in jax.tree.leaves(state.params))
             logging.info("model: %s, %s parameters", run.model_config, f"{num_params:,}")
 
-        result, _ = loop.train(_Pretraining(run), setup, config, workdir, num_steps=train.num_steps,
-                               train_step=train_step, batches=run.make_iterator(split="train", seed=train.seed),
-                               fresh_state=fresh_state, on_start=log_size)
+        result, _, _ = loop.train(_Pretraining(run), setup, config, workdir, num_steps=train.num_steps,
+                                  train_step=train_step, batches=run.make_iterator(split="train", seed=train.seed),
+                                  fresh_state=fresh_state, on_start=log_size)
     return result
 
 

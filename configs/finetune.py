@@ -18,7 +18,7 @@ The config is locked, so a misspelt override is an error rather than a silently 
 import ml_collections
 
 from bert_jax.presets import MODEL_PRESETS, model_config
-from configs.pretrain import mesh_config
+from configs.pretrain import checkpoint_config, mesh_config
 
 # task -> (TFDS name, text columns, train split, eval split); labels are the dataset's `label` ClassLabel.
 GLUE_TASKS = {
@@ -152,6 +152,14 @@ def get_config(arg=None):
     # median is noise (one hard batch is many times a near-zero median); non-finite values always stop the run.
     train.spike_factor = 0.0
     train.spike_window = 100  # steps of loss history a spike is judged against (with spike_factor > 0)
+    train.profile_start_step = 0  # capture a profiler trace from this step into WORKDIR/profile; 0 = no trace
+    train.profile_steps = 5  # steps in the profiler trace
+
+    # Checkpoints of the whole run (parameters, optimizer, dropout key, input position) in WORKDIR/checkpoints, with
+    # the fields and meanings of configs/pretrain.py's: rerunning the same command resumes from the newest one (after
+    # a crash or SIGTERM), every_steps apart and at the end. WORKDIR/finetuned (what --config.init and --mode=export
+    # read) is written once the run ends.
+    config.checkpoint = checkpoint_config(every_steps=1000)
 
     # Parameters to start from: a bert_jax pretraining checkpoint (step directory or checkpoints directory), a
     # fine-tuned WORKDIR/finetuned directory, or a HuggingFace / original-TF BERT checkpoint (via

@@ -58,6 +58,26 @@ def mesh_config() -> ml_collections.ConfigDict:
     return mesh
 
 
+def checkpoint_config(every_steps: int) -> ml_collections.ConfigDict:
+    """The checkpoint section, shared by every recipe (configs/finetune.py too): the same fields and meanings."""
+    ckpt = ml_collections.ConfigDict()
+    ckpt.every_steps = every_steps  # steps between checkpoints (and one at the last step and on SIGTERM); 0: only those
+    ckpt.max_to_keep = 3  # most recent checkpoints kept
+    ckpt.keep_best = False  # also keep the checkpoint with the lowest eval loss (needs evaluation data)
+    ckpt.async_save = True  # write in the background; the loop waits only for the copy to host memory
+    ckpt.compression = False  # zstd the arrays: float weights shrink ~8%, and the save takes ~2x as long on CPU hosts
+    # Rewind: resume from this step's checkpoint rather than the newest (newer ones are moved aside to STEP.rewound,
+    # once: a rerun of the same command resumes from the newest checkpoint written after the rewind). 0 = the newest.
+    ckpt.restore_step = 0
+    ckpt.skip_batches = 0  # with restore_step: batches of input skipped after resuming from it (once, like the rewind)
+    # On divergence, automatically: restore the newest verified checkpoint, skip the input up to and including the
+    # batch that diverged plus rewind_skip_batches more, and go on; at most max_rewinds times in the run's lineage
+    # (each logged, and recorded in the checkpoints). 0 = stop with an error naming the checkpoint to resume from.
+    ckpt.max_rewinds = 0
+    ckpt.rewind_skip_batches = 0
+    return ckpt
+
+
 def get_config(arg=None):
     options = _parse_arg(arg)
     config = ml_collections.ConfigDict()
@@ -148,21 +168,7 @@ def get_config(arg=None):
     train.spike_window = 100  # steps of loss history a spike is judged against
 
     # Checkpoints go to WORKDIR/checkpoints; a run started in a workdir that has some resumes from the latest.
-    config.checkpoint = ckpt = ml_collections.ConfigDict()
-    ckpt.every_steps = 100  # steps between checkpoints (and one at the last step, and on SIGTERM); 0 = only those
-    ckpt.max_to_keep = 3  # most recent checkpoints kept
-    ckpt.keep_best = False  # also keep the checkpoint with the lowest eval loss (needs evaluation data)
-    ckpt.async_save = True  # write in the background; the loop waits only for the copy to host memory
-    ckpt.compression = False  # zstd the arrays: float weights shrink ~8%, and the save takes ~2x as long on CPU hosts
-    # Rewind: resume from this step's checkpoint rather than the newest (newer ones are moved aside to STEP.rewound,
-    # once: a rerun of the same command resumes from the newest checkpoint written after the rewind). 0 = the newest.
-    ckpt.restore_step = 0
-    ckpt.skip_batches = 0  # with restore_step: batches of input skipped after resuming from it (once, like the rewind)
-    # On divergence, automatically: restore the newest verified checkpoint, skip the input up to and including the
-    # batch that diverged plus rewind_skip_batches more, and go on; at most max_rewinds times in the run's lineage
-    # (each logged, and recorded in the checkpoints). 0 = stop with an error naming the checkpoint to resume from.
-    ckpt.max_rewinds = 0
-    ckpt.rewind_skip_batches = 0
+    config.checkpoint = checkpoint_config(every_steps=100)
     # Parameters to start from when the workdir has no checkpoint (optimizer, step and data start afresh): a step
     # directory or checkpoints directory of another run, a HuggingFace model directory, an original TF checkpoint or
     # a Flax export. Its architecture is taken (see model_preset), and its tokenizer when data.vocab_file is empty;
@@ -180,5 +186,5 @@ def get_config(arg=None):
         train.log_every = 100
         train.eval_every = 10000
         train.eval_steps = 100
-        ckpt.every_steps = 5000
+        config.checkpoint.every_steps = 5000
     return config

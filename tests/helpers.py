@@ -134,7 +134,8 @@ def run_eval(config, workdir, checkpoint=""):
 
 
 def run_finetune(config, workdir):
-    return finetune_lib.finetune(job_config.prepare(config, workdir, "finetune"), workdir)
+    """The last logged metrics of a fine-tuning run (its held-out scores included)."""
+    return finetune_lib.finetune(job_config.prepare(config, workdir, "finetune"), workdir).metrics
 
 
 def run_features(config, workdir):

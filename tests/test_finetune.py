@@ -5,6 +5,7 @@ import copy
 import csv
 import dataclasses
 import json
+import logging
 import os
 import shlex
 import shutil
@@ -118,11 +119,13 @@ def test_finetuning_learns_a_keyword_task_sharded_over_a_2x2x2_mesh(task, tmp_pa
 
 
 def test_parameters_whose_own_loss_is_not_finite_are_never_saved(task, tmp_path):
-    """One step at a huge rate leaves finite parameters that give a NaN loss: they are judged on the next training
-    batch and not saved, and what an earlier run saved in the workdir stays as it was."""
+    """A run resumed from its checkpoint at step 1 takes one step at a huge rate, which leaves finite parameters
+    that give a NaN loss: they are judged on the next training batch and not saved (WORKDIR/finetuned stays as the
+    earlier run wrote it), their checkpoint is set aside, and the error names the verified checkpoint 1."""
     config = _config(task, dropout_rate=0.0, attention_dropout_rate=0.0)
     config.data.eval_file = ""
     config.train.num_steps = 1
+    config.checkpoint.async_save = False
     workdir = str(tmp_path / "work")
     helpers.run_finetune(copy.deepcopy(config), workdir)
     state = os.path.join(workdir, finetune.FINETUNED_SUBDIR, checkpoint_lib.STATE_ITEM)
@@ -133,10 +136,55 @@ def test_parameters_whose_own_loss_is_not_finite_are_never_saved(task, tmp_path)
 
     before = contents()
     config.optim.learning_rate, config.optim.warmup_proportion = 1e30, 0.0
-    with pytest.raises(divergence.DivergenceError, match=r"^the parameters after step 1 went non-finite \(loss; "
-                                                         r"loss nan\) on the next training batch; not saved"):
+    config.train.num_steps = 2
+    checkpoints = os.path.join(workdir, checkpoint_lib.CHECKPOINT_SUBDIR)
+    with pytest.raises(divergence.DivergenceError, match=r"^the parameters after step 2 went non-finite \(loss; "
+                                                         r"loss nan\) on the next training batch; not saved") as raised:
         helpers.run_finetune(config, workdir)
     assert contents() == before
+    assert sorted(os.listdir(checkpoints)) == ["1", "2.diverged"]
+    assert (f"Checkpoint 2, which holds them, is set aside as {os.path.join(checkpoints, '2.diverged')}. The newest "
+            f"checkpoint whose parameters gave a healthy next step is step 1 in {checkpoints}: rerun to resume from "
+            "it") in str(raised.value)
+
+
+def test_a_diverged_finetuning_step_names_the_newest_verified_checkpoint_and_rewinds_past_it(task, tmp_path,
+                                                                                            monkeypatch, caplog):
+    """As in pretraining (bert_jax.loop): the batch at input position 3 has NaN weights, so step 4 goes non-finite;
+    checkpoint 3, which step 4 started from, is set aside and the error names checkpoint 2, verified by step 3, with
+    the rewind that gets past the batch. Rerun with checkpoint.max_rewinds=1, the run rewinds there by itself,
+    skips the batch and finishes."""
+    real_next = finetune_data.TrainBatches.__next__
+
+    def poisoned(batches):
+        position = batches.position
+        batch = real_next(batches)
+        return dict(batch, weights=np.full_like(batch["weights"], np.nan)) if position == 3 else batch
+
+    monkeypatch.setattr(finetune_data.TrainBatches, "__next__", poisoned)
+    config = _config(task, dropout_rate=0.0, attention_dropout_rate=0.0)
+    config.data.eval_file = ""
+    config.train.num_steps, config.train.log_every = 6, 1
+    config.checkpoint.every_steps, config.checkpoint.async_save = 1, False
+    workdir = tmp_path / "work"
+    checkpoints = workdir / checkpoint_lib.CHECKPOINT_SUBDIR
+    with pytest.raises(divergence.DivergenceError) as raised:
+        helpers.run_finetune(copy.deepcopy(config), str(workdir))
+    assert str(raised.value).startswith(
+        "step 4 went non-finite (loss, gradient norm, parameters; loss nan, gradient norm nan); stopped without "
+        f"saving it. Checkpoint 3, whose parameters that step started from, is set aside as {checkpoints / '3.diverged'}."
+        f" The newest checkpoint whose parameters gave a healthy next step is step 2 in {checkpoints}: rerun to resume "
+        "from it"), raised.value
+    assert "--config.checkpoint.restore_step=2 --config.checkpoint.skip_batches=2" in str(raised.value)
+    assert sorted(os.listdir(checkpoints)) == ["1", "2", "3.diverged"]
+    assert not (workdir / finetune.FINETUNED_SUBDIR).exists()
+
+    config.checkpoint.max_rewinds = 1
+    with caplog.at_level(logging.INFO, logger="absl"):
+        final = helpers.run_finetune(config, str(workdir))
+    assert "Rewinding to checkpoint 2, the newest verified one" in caplog.text
+    assert final["step"] == 6 and np.isfinite(final["loss"])
+    assert (workdir / finetune.FINETUNED_SUBDIR / checkpoint_lib.STATE_ITEM).is_dir()
 
 
 def test_downstream_models_share_the_pretraining_parameter_tree_and_outputs():

@@ -3,6 +3,7 @@ encoding, and the batch index streams the fine-tuning loops feed from (in memory
 
 import csv
 import dataclasses
+import json
 import os
 import re
 from typing import Iterator
@@ -223,6 +224,47 @@ def train_batches(num_examples: int, batch_size: int, seed: int) -> Iterator[np.
             epoch += 1
         yield pending[:batch_size]
         pending = pending[batch_size:]
+
+
+class TrainBatches:
+    """This process's rows of the training batches (train_batches' order), with a checkpointable position.
+
+    Batch n depends on nothing but n, the seed and the examples, so the position alone (a JSON file per process,
+    what bert_jax.checkpoint saves beside the state) restores the input exactly, for any number of processes.
+    """
+
+    def __init__(self, encoded: dict, labels: np.ndarray, batch_size: int, seed: int, rows: np.ndarray,
+                 position: int = 0):
+        self._encoded, self._labels, self._rows = encoded, labels, rows
+        self._batch_size, self._seed = batch_size, seed
+        self._permutations: dict[int, np.ndarray] = {}
+        self.position = position  # number of batches handed out
+
+    def indices(self, position: int) -> np.ndarray:
+        """The example indices of global batch `position`."""
+        count = len(self._labels)
+        stream = position * self._batch_size + np.arange(self._batch_size)
+        epochs = stream // count
+        for epoch in set(epochs.tolist()) - set(self._permutations):
+            self._permutations[epoch] = np.random.default_rng([self._seed, epoch]).permutation(count)
+        # Only the epochs of this batch are kept: batches are read in order (a rewind just recomputes one).
+        self._permutations = {epoch: self._permutations[epoch] for epoch in set(epochs.tolist())}
+        return np.array([self._permutations[epoch][index] for epoch, index in zip(epochs, stream % count)], np.int64)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        batch = local_batch(self._encoded, self._labels, self.indices(self.position), self._rows)
+        self.position += 1
+        return batch
+
+    def save_state(self, path: str) -> None:
+        fileio.write_json(path + ".json", {"position": self.position})
+
+    def restore_state(self, path: str) -> None:
+        with fileio.open_file(path + ".json") as file:
+            self.position = int(json.load(file)["position"])
 
 
 def ordered_batches(num_examples: int, batch_size: int) -> np.ndarray:

@@ -55,7 +55,7 @@ setuptools.setup(
     description="BERT pretraining in JAX/Flax, sharded over TPU, GPU and CPU device meshes",
     long_description=open("README.md", encoding="utf-8").read() if __import__("os").path.exists("README.md") else "",
     long_description_content_type="text/markdown",
-    packages=setuptools.find_packages(include=["bert_jax", "bert_jax.*", "configs"]),
+    packages=setuptools.find_packages(include=["bert_jax", "bert_jax.*"]),  # configs/ are recipe files, read by path
     python_requires=">=3.11",
     install_requires=INSTALL_REQUIRES,
     extras_require=EXTRAS_REQUIRE,

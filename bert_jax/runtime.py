@@ -23,7 +23,7 @@ CPU_XLA_FLAGS = (
     ("xla_cpu_experimental_ynn_fusion_type", "reduce"),
     # Dots stay Eigen's: XLA:CPU's oneDNN fusion thunk (--xla_cpu_experimental_onednn_fusion_type=individual_dot)
     # aborted the process (object_pool.h "Check failed: available_.size() == num_created_") when a compiled program
-    # was freed while it ran (tests/test_xla_cpu.py), and was no faster (README, XLA:CPU options).
+    # was freed while it ran (tests/test_xla_cpu.py), and was no faster (docs/performance.md, XLA:CPU options).
 )
 
 # glibc's allocator for CPU runs: one arena, no mmap for large blocks, no trimming of the heap. XLA:CPU allocates each
@@ -62,9 +62,9 @@ def without_an_absent_tpu() -> None:
 
 
 # The dropout RNG's platform choice and the libtpu option it needs: read before JAX starts its TPU backend.
-# What train.dropout_rng=auto means on each platform (README, "Dropout randomness", has the figures). On a TPU,
-# unsafe_rbg: BERT-base's step for v5e compiled with 29% less temporary memory than with rbg (which draws every
-# device's bits on each) and both RBG forms with fewer FLOPs and less compile time than threefry. Elsewhere
+# What train.dropout_rng=auto means on each platform (docs/performance.md, "Dropout randomness", has the figures).
+# On a TPU, unsafe_rbg: BERT-base's step for v5e compiled with 29% less temporary memory than with rbg (which draws
+# every device's bits on each) and both RBG forms with fewer FLOPs and less compile time than threefry. Elsewhere
 # threefry: exact across meshes, and no faster by the CPU step benchmark's noise.
 AUTO_DROPOUT_RNG = {"tpu": "unsafe_rbg", "gpu": "threefry", "cpu": "threefry"}
 

@@ -138,6 +138,17 @@ def test_benchmark_imports_no_tensorflow_or_torch():
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=120)
 
 
+def test_the_benchmarks_take_their_presets_from_bert_jax_not_configs():
+    # They run from an installed package, where no configs/ directory is at hand (DESIGN: presets from bert_jax).
+    code = ("import importlib, sys; from absl import flags\n"
+            "absl_flags = set(flags.FLAGS)\n"
+            "for name in ('step', 'export', 'checkpoint', 'compile', 'finetune', 'calibrate', 'input', 'data'):\n"
+            "    importlib.import_module(f'bert_jax.benchmarks.{name}')\n"
+            "    for flag in set(flags.FLAGS) - absl_flags: delattr(flags.FLAGS, flag)  # each defines its own\n"
+            "bad = sorted(m for m in sys.modules if m.split('.')[0] == 'configs'); assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=180)
+
+
 @pytest.mark.parametrize("before, after", [(1.0e11, 2.0e11), (2.0e11, 1.0e11)])
 def test_mfu_is_against_the_higher_of_the_ceilings_measured_before_and_after_the_steps(monkeypatch, before, after):
     # A host that slows for a moment during one ceiling measurement must not lower the ceiling and inflate MFU.

@@ -518,7 +518,8 @@ def test_mean_features_of_all_minilm_l6_v2_equal_sentence_transformers_recipe(tm
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# The README's fine-tuning example, and the recipe's defaults, on the keyword task the repository ships.
+# The fine-tuning example of the README and docs/finetuning.md, and the recipe's defaults, on the keyword task the
+# repository ships.
 
 KEYWORD_TASK = os.path.join(helpers.ROOT, "tests", "fixtures", "keyword_task")
 # Words of the Python documentation (the demo corpus the quick start pretrains on, so its vocabulary holds them
@@ -583,14 +584,29 @@ def test_the_shipped_tagging_task_is_its_generators_output():
             assert f.read() == _conll_text(tagging_sentences(count, seed)), name
 
 
-def _readme_command(mode, config="configs/finetune.py"):
-    """The first `--mode=MODE --config=CONFIG` command of README.md's "Export, import, fine-tuning" section, as
-    argv."""
-    text = open(os.path.join(helpers.ROOT, "README.md"), encoding="utf-8").read()
-    section = text.split("### Export, import, fine-tuning\n", 1)[1].split("\n### ", 1)[0]
-    lines = [line.split("#", 1)[0] for line in section.replace("\\\n", " ").splitlines()]
-    start = f"python -m bert_jax.main --mode={mode} --config={config} "
-    return shlex.split(next(line for line in lines if line.startswith(start)))
+FINETUNING_PAGE = os.path.join(helpers.ROOT, "docs", "finetuning.md")
+
+
+def _commands(path, start):
+    """The commands of the markdown file at `path` that start with `start`, each joined onto one line (comments
+    dropped), in order."""
+    text = open(path, encoding="utf-8").read()
+    lines = [line.split("#", 1)[0].rstrip() for line in text.replace("\\\n", " ").splitlines()]
+    return [line for line in lines if line.startswith(start)]
+
+
+def _documented_command(mode, config="configs/finetune.py"):
+    """The first `--mode=MODE --config=CONFIG` command of docs/finetuning.md, as argv."""
+    return shlex.split(_commands(FINETUNING_PAGE, f"python -m bert_jax.main --mode={mode} --config={config} ")[0])
+
+
+def test_the_readmes_finetuning_commands_are_the_documented_ones_the_tests_run():
+    """README.md shows, word for word and in order, the commands of docs/finetuning.md that the tests below run."""
+    readme = _commands(os.path.join(helpers.ROOT, "README.md"), "python -m bert_jax.main --mode=")
+    shown = [shlex.split(line) for line in readme if "--config=configs/finetune.py" in line]
+    assert shown == [_documented_command("finetune"), _documented_command("features"),
+                     _documented_command("finetune", "configs/finetune.py:task=conll"),
+                     _documented_command("finetune", "configs/finetune.py:task=squad")]
 
 
 @pytest.fixture
@@ -619,9 +635,10 @@ def driver(monkeypatch):
 
 @pytest.mark.filterwarnings(r"ignore:the load_module\(\) method is deprecated:DeprecationWarning")
 def test_the_readme_finetuning_example_learns_with_the_recipe_defaults(trained_run, tmp_path, monkeypatch, driver):
-    """README's commands, as written, on a quick-start-like run: tests/_session.py's tiny run (its workdir standing in
-    for /tmp/bert_jax_run) with a tokenizer of its 512 rows in data/tokenizer. The recipe's defaults (no optimizer or
-    step flag) must learn the 320-sentence keyword task: held-out accuracy >= 0.9 (chance is 0.5)."""
+    """docs/finetuning.md's commands (the README's too), as written, on a quick-start-like run: tests/_session.py's tiny
+    run (its workdir standing in for /tmp/bert_jax_run) with a tokenizer of its 512 rows in data/tokenizer. The recipe's
+    defaults (no optimizer or step flag) must learn the 320-sentence keyword task: held-out accuracy >= 0.9 (chance is
+    0.5)."""
     run_dir, ft_dir = tmp_path / "bert_jax_run", tmp_path / "bert_jax_ft"
     shutil.copytree(os.path.join(trained_run["workdir"], "checkpoints"), run_dir / "checkpoints")
     shutil.copy(os.path.join(trained_run["workdir"], init_architecture.RUN_MODEL_CONFIG), run_dir)
@@ -634,7 +651,7 @@ def test_the_readme_finetuning_example_learns_with_the_recipe_defaults(trained_r
         return [arg.replace("/tmp/bert_jax_run", str(run_dir)).replace("/tmp/bert_jax_ft", str(ft_dir))
                 for arg in command[3:]]
 
-    finetune_command, features_command = _readme_command("finetune"), _readme_command("features")
+    finetune_command, features_command = _documented_command("finetune"), _documented_command("features")
     assert "--config.init=/tmp/bert_jax_run/checkpoints" in finetune_command
     assert not [arg for arg in finetune_command if arg.startswith(("--config.optim", "--config.train"))]
     monkeypatch.chdir(helpers.ROOT)  # the commands name configs/ and tests/fixtures/ from the repository root
@@ -656,10 +673,10 @@ def test_the_readme_finetuning_example_learns_with_the_recipe_defaults(trained_r
 
 @pytest.mark.filterwarnings(r"ignore:the load_module\(\) method is deprecated:DeprecationWarning")
 def test_token_classification_learns_the_tagging_task_through_the_driver(tmp_path, monkeypatch, driver):
-    """README's task=conll command as written, with the recipe's defaults (tiny, from scratch, the original uncased
-    vocabulary): entity-level F1 on the 160 held-out sentences >= 0.9, and the predicted tags written in the
-    held-out file's layout."""
-    command = _readme_command("finetune", "configs/finetune.py:task=conll")
+    """docs/finetuning.md's task=conll command as written (the README's too), with the recipe's defaults (tiny, from
+    scratch, the original uncased vocabulary): entity-level F1 on the 160 held-out sentences >= 0.9, and the predicted
+    tags written in the held-out file's layout."""
+    command = _documented_command("finetune", "configs/finetune.py:task=conll")
     assert command[:3] == ["python", "-m", "bert_jax.main"]
     assert not [arg for arg in command if arg.startswith(("--config.optim", "--config.train"))]
     monkeypatch.chdir(helpers.ROOT)  # the command names configs/ and tests/fixtures/ from the repository root
@@ -752,12 +769,12 @@ def test_a_frozen_last4_token_head_reads_four_layers_and_moves_alone():
 
 @pytest.mark.filterwarnings(r"ignore:the load_module\(\) method is deprecated:DeprecationWarning")
 def test_feature_based_tagging_learns_on_a_frozen_encoder_that_never_moves(tmp_path, monkeypatch, driver):
-    """README's task=conll,encoder=frozen_last4 command as written (tiny with 4 layers, from scratch: a randomly
-    initialised frozen encoder): entity F1 on the 160 held-out sentences >= 0.9, the encoder saved exactly as
-    initialised; export refuses it; and a feature-based run from its directory (--config.init) keeps that encoder
-    bit for bit while its fresh head moves."""
+    """docs/finetuning.md's task=conll,encoder=frozen_last4 command as written (tiny with 4 layers, from scratch: a
+    randomly initialised frozen encoder): entity F1 on the 160 held-out sentences >= 0.9, the encoder saved exactly as
+    initialised; export refuses it; and a feature-based run from its directory (--config.init) keeps that encoder bit
+    for bit while its fresh head moves."""
     recipe = "configs/finetune.py:task=conll,encoder=frozen_last4"
-    command = _readme_command("finetune", recipe)
+    command = _documented_command("finetune", recipe)
     assert not [arg for arg in command if arg.startswith(("--config.optim", "--config.train"))]
     monkeypatch.chdir(helpers.ROOT)  # the command names configs/ and tests/fixtures/ from the repository root
     first, second = tmp_path / "frozen", tmp_path / "from_frozen"

@@ -1,5 +1,6 @@
-"""Extractive question answering through the driver: the README's task=squad example learns the shipped QA task,
-writes the official predictions.json, and exports a model transformers' AutoModelForQuestionAnswering loads."""
+"""Extractive question answering through the driver: the task=squad example of docs/finetuning.md (and the README)
+learns the shipped QA task, writes the official predictions.json, and exports a model transformers'
+AutoModelForQuestionAnswering loads."""
 
 import json
 
@@ -18,7 +19,7 @@ from bert_jax.interop import flax_files
 from bert_jax.interop import init_architecture
 from configs import finetune as finetune_configs
 from tests import helpers
-from tests.test_finetune import _readme_command, driver  # noqa: F401  (the driver fixture)
+from tests.test_finetune import _documented_command, driver  # noqa: F401  (the driver fixture)
 
 QA_TASK = f"{helpers.ROOT}/tests/fixtures/qa_task"
 
@@ -26,11 +27,11 @@ QA_TASK = f"{helpers.ROOT}/tests/fixtures/qa_task"
 @pytest.mark.slow  # about 400 steps and an export: 211 s in a fresh-clone run of the suite on the 2-core machine
 @pytest.mark.filterwarnings(r"ignore:the load_module\(\) method is deprecated:DeprecationWarning")
 def test_question_answering_learns_the_qa_task_through_the_driver(tmp_path, monkeypatch, driver):
-    """README's task=squad command as written, with the recipe's defaults (tiny, from scratch, the original uncased
-    vocabulary): exact match and F1 on the 160 held-out questions >= 0.8, predictions.json in the official format
-    holding them, and the export's start and end logits in transformers equal to ours."""
+    """docs/finetuning.md's task=squad command as written (the README's too), with the recipe's defaults (tiny, from
+    scratch, the original uncased vocabulary): exact match and F1 on the 160 held-out questions >= 0.8, predictions.json
+    in the official format holding them, and the export's start and end logits in transformers equal to ours."""
     workdir = tmp_path / "qa"
-    command = _readme_command("finetune", "configs/finetune.py:task=squad")
+    command = _documented_command("finetune", "configs/finetune.py:task=squad")
     assert command[:3] == ["python", "-m", "bert_jax.main"]
     assert not [arg for arg in command if arg.startswith(("--config.optim", "--config.train"))]
     monkeypatch.chdir(helpers.ROOT)  # the command names configs/ and tests/fixtures/ from the repository root

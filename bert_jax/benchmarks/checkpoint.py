@@ -22,9 +22,9 @@ from bert_jax import checkpoint as checkpoint_lib
 from bert_jax.data import input_pipeline
 from bert_jax import model as model_lib
 from bert_jax import optim
+from bert_jax import presets
 from bert_jax import sharding as sharding_lib
 from bert_jax import train
-from configs import pretrain
 
 flags.DEFINE_list("size", ["base", "large"], "Presets to measure.")
 flags.DEFINE_list("step_sizes", ["base"], "Presets whose train step is also timed, for the blocking fraction.")
@@ -40,7 +40,7 @@ def _disk_bytes(path: str) -> int:
 
 
 def measure(size: str, directory: str, time_step: bool) -> dict[str, float]:
-    config = pretrain.get_config(f"size={size},data=synthetic")
+    config = presets.pretraining_config(size, "synthetic")
     config.data.max_seq_length = FLAGS.seq_length
     config.data.max_predictions_per_seq = max(1, round(0.15 * FLAGS.seq_length))
     config.train.batch_size = FLAGS.batch_size

@@ -12,9 +12,9 @@ import jax
 
 from bert_jax import model as model_lib
 from bert_jax import optim
+from bert_jax import presets
 from bert_jax import sharding as sharding_lib
 from bert_jax import train
-from configs import pretrain
 
 flags.DEFINE_string("size", "large", "Preset whose widths are used.")
 flags.DEFINE_list("layers", ["6", "12", "24"], "Depths to compile.")
@@ -27,7 +27,7 @@ FLAGS = flags.FLAGS
 
 def compile_seconds(size: str, layers: int, scan: bool, remat: str, seq_length: int, batch_size: int):
     """(trace + lower seconds, compile seconds) of the train step on the first device."""
-    config = pretrain.get_config(f"size={size},data=synthetic")
+    config = presets.pretraining_config(size, "synthetic")
     config.model.num_layers, config.model.scan_layers, config.model.remat = layers, scan, remat
     predictions = max(1, round(0.15 * seq_length))
     mesh = sharding_lib.create_mesh(config.mesh, jax.devices()[:1])

@@ -21,9 +21,9 @@ from bert_jax.interop import pretrained
 from bert_jax.data import input_pipeline
 from bert_jax import model as model_lib
 from bert_jax import optim
+from bert_jax import presets
 from bert_jax import sharding as sharding_lib
 from bert_jax import train
-from configs import pretrain
 
 flags.DEFINE_list("size", ["base"], "Presets to measure.")
 flags.DEFINE_string("directory", "", "Where to write (default: a temporary directory, removed).")
@@ -41,7 +41,7 @@ def _timed(function, *args, **kwargs):
 
 
 def measure(size: str, root: str) -> list[tuple[str, float, str]]:
-    config = pretrain.get_config(f"size={size},data=synthetic")
+    config = presets.pretraining_config(size, "synthetic")
     model_config = model_lib.BertConfig.from_config(config.model)
     model = model_lib.BertForPreTraining(model_config)
     mesh = sharding_lib.create_mesh(config.mesh)

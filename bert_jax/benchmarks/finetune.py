@@ -34,6 +34,7 @@ from absl import app
 from absl import flags
 import numpy as np
 
+from bert_jax import presets
 from bert_jax import runtime
 
 def _define_flags():
@@ -137,9 +138,11 @@ def write_task(directory: str, examples: int, vocab_size: int, seed: int = 0,
 
 
 def task_config(vocab_path: str, train_path: str, task: str = "sequence"):
-    """configs/finetune.py with the benchmark's task, shape, data, steps and learning rate; no evaluation."""
-    from configs import finetune as finetune_recipe  # pylint: disable=import-outside-toplevel
-    config = finetune_recipe.get_config(f"size=mini,task={TASKS[task][0]}")
+    """The fine-tuning job's defaults (bert_jax.presets, as configs/finetune.py starts from them) with the
+    benchmark's task, shape, data, steps and learning rate; no evaluation."""
+    config = presets.finetuning_config("mini")
+    if TASKS[task][0] in ("conll", "squad"):  # as configs/finetune.py's task=conll and task=squad set it
+        config.data.format = TASKS[task][0]
     model = config.model
     model.num_layers, model.hidden_size, model.num_heads = FLAGS.layers, FLAGS.hidden, FLAGS.heads
     model.intermediate_size, model.vocab_size, model.hidden_act = FLAGS.intermediate, FLAGS.vocab_size, "gelu"

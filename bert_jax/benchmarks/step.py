@@ -30,12 +30,12 @@ import numpy as np
 from bert_jax import metrics as metrics_lib
 from bert_jax import model as model_lib
 from bert_jax import optim
+from bert_jax import presets
 from bert_jax import runtime
 from bert_jax import sharding as sharding_lib
 from bert_jax import train
 from bert_jax.benchmarks import matmul_bound as matmul_bound_lib
 from bert_jax.benchmarks import torch_reference
-from configs import pretrain
 
 flags.DEFINE_list("size", ["base"], "Presets to measure (tiny, mini, small, medium, base, large).")
 flags.DEFINE_integer("seq_length", 128, "Sequence length.")
@@ -132,7 +132,7 @@ def synthetic_batch(batch_size: int, seq_length: int, max_predictions: int, voca
 
 
 def _preset(size: str, seq_length: int, max_predictions: int, dtype: str, batch_size: int, num_steps: int):
-    config = pretrain.get_config(f"size={size}")
+    config = presets.pretraining_config(size)
     config.model.dtype = dtype
     config.data.max_seq_length = seq_length
     config.data.max_predictions_per_seq = max_predictions

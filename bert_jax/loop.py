@@ -94,7 +94,7 @@ def train(job: Job, setup: Setup, config, workdir: str, *, num_steps: int, train
         start = _start(job, setup, config, saver, batches, fresh_state)
         on_start(start.state)
         if int(start.state.step) >= num_steps:
-            logging.warning("the checkpoint is already at step %d of %d: nothing to train (raise "
+            logging.warning("the checkpoint is already at step %d of train.num_steps=%d: nothing to train (raise "
                             "--config.train.num_steps to train on)", int(start.state.step), num_steps)
         loop = _Loop(job, setup, config, saver, start, workdir, num_steps, train_step)
         try:

@@ -19,14 +19,13 @@ from bert_jax import checkpoint as checkpoint_lib
 from bert_jax import fileio
 from bert_jax import metrics as metrics_lib
 from bert_jax import model as model_lib
-from bert_jax import optim
 from bert_jax.interop import init_architecture
 from bert_jax.interop import layout
 from bert_jax.interop import pretrained
 from bert_jax import sharding as sharding_lib
 from bert_jax import loop
 from bert_jax.loop import TrainResult
-from bert_jax.train import Setup, init_inputs, make_eval_step, make_train_step
+from bert_jax.train import Setup, make_eval_step, pretraining_setup
 
 
 def evaluate(eval_step, params, batches: Iterator, batch_sharding, num_batches: int | None) -> dict[str, float]:
@@ -85,18 +84,15 @@ def _build(config) -> _Run:
     from bert_jax.data import input_pipeline  # pylint: disable=import-outside-toplevel
     from bert_jax.data import tokenization  # pylint: disable=import-outside-toplevel
     _require_prepared_data(config)
-    model_config = model_lib.BertConfig.from_config(config.model)
-    mesh = sharding_lib.create_mesh(config.mesh)
-    tx, schedule = optim.create_optimizer(config.optim, config.train.num_steps)
+    setup = pretraining_setup(config)
+    mesh = setup.mesh
     logging.info("mesh %s over %d devices (%s), %d processes", dict(mesh.shape), jax.device_count(),
                  jax.devices()[0].device_kind, jax.process_count())
     # The tokenizer, where known, bounds dynamic masking's random replacements (the model's vocab may be padded)
     # and tells whole-word masking which pieces continue a word.
     data = config.data
     tokenizer = tokenization.load_tokenizer(data.vocab_file) if data.vocab_file else None
-    rules = sharding_lib.logical_rules(config.mesh)
-    setup = Setup.build(model_lib.BertForPreTraining(model_config), tx, schedule, mesh, rules,
-                        init_inputs(data.max_seq_length, data.max_predictions_per_seq))
+    model_config = setup.model.config
     make_iterator = functools.partial(
         input_pipeline.make_iterator, data, batch_size=config.train.batch_size // jax.process_count(),
         vocab_size=model_config.vocab_size, process_index=jax.process_index(), process_count=jax.process_count(),
@@ -132,8 +128,7 @@ def train_and_evaluate(config, workdir: str) -> TrainResult:
     init_architecture.write_run_model_config(workdir, run.model_config)  # what a later --config.init of this run reads
     setup, train = run.setup, config.train
     with jax.set_mesh(run.mesh):
-        train_step = setup.jit_train_step(make_train_step(run.model, run.tx, run.schedule, run.rules, run.mesh,
-                                                          config.optim.grad_accum_steps))
+        train_step = setup.pretraining_step(config.optim.grad_accum_steps)
 
         def fresh_state():
             state = setup.create_state(jax.random.split(jax.random.key(train.seed))[0])

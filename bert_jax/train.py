@@ -18,6 +18,8 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
+from bert_jax import model as model_lib
+from bert_jax import optim
 from bert_jax import sharding as sharding_lib
 from bert_jax.runtime import dropout_rng_name
 
@@ -342,3 +344,19 @@ class Setup:
         """`eval_step(params, batch) -> replicated outputs` (sums, predictions) jitted over the parameters'
         shardings and the batch sharding."""
         return jit_eval_step(eval_step, self.shardings.params, self.mesh, self.rules)
+
+    def pretraining_step(self, grad_accum_steps: int = 1):
+        """The pretraining train step (make_train_step), jitted as the loop runs it."""
+        return self.jit_train_step(make_train_step(self.model, self.tx, self.schedule, self.rules, self.mesh,
+                                                   grad_accum_steps))
+
+
+def pretraining_setup(config, devices=None, num_steps: int | None = None) -> Setup:
+    """The Setup of a pretraining config: BertForPreTraining of config.model, config.mesh over `devices` (default:
+    all), config.optim's optimizer and schedule over `num_steps` (default train.num_steps), the state for
+    config.data's shapes. The pretraining job, bert_jax.aot and the benchmarks build from it."""
+    model = model_lib.BertForPreTraining(model_lib.BertConfig.from_config(config.model))
+    tx, schedule = optim.create_optimizer(config.optim, config.train.num_steps if num_steps is None else num_steps)
+    return Setup.build(model, tx, schedule, sharding_lib.create_mesh(config.mesh, devices),
+                       sharding_lib.logical_rules(config.mesh),
+                       init_inputs(config.data.max_seq_length, config.data.max_predictions_per_seq))

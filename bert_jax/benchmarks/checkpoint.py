@@ -20,8 +20,6 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from bert_jax import checkpoint as checkpoint_lib
 from bert_jax.data import input_pipeline
-from bert_jax import model as model_lib
-from bert_jax import optim
 from bert_jax import presets
 from bert_jax import sharding as sharding_lib
 from bert_jax import train
@@ -44,31 +42,25 @@ def measure(size: str, directory: str, time_step: bool) -> dict[str, float]:
     config.data.max_seq_length = FLAGS.seq_length
     config.data.max_predictions_per_seq = max(1, round(0.15 * FLAGS.seq_length))
     config.train.batch_size = FLAGS.batch_size
-    model = model_lib.BertForPreTraining(model_lib.BertConfig.from_config(config.model))
-    mesh = sharding_lib.create_mesh(config.mesh)
-    rules = sharding_lib.logical_rules(config.mesh)
-    tx, schedule = optim.create_optimizer(config.optim, config.train.num_steps)
+    setup = train.pretraining_setup(config)
+    mesh, tx, shardings = setup.mesh, setup.tx, setup.shardings
     data = config.data
     batches = input_pipeline.synthetic_batches(batch_size=FLAGS.batch_size, max_seq_length=data.max_seq_length,
                                                max_predictions_per_seq=data.max_predictions_per_seq,
                                                vocab_size=config.model.vocab_size, seed=0)
     result = {}
     with jax.set_mesh(mesh):
-        state, shardings = train.create_train_state(model, tx, mesh, rules, jax.random.key(0), data.max_seq_length,
-                                                    data.max_predictions_per_seq)
+        state = setup.create_state(jax.random.key(0))
         replicated = NamedSharding(mesh, PartitionSpec())
-        batch_sharding = sharding_lib.batch_sharding(mesh, rules)
+        batch_sharding = setup.batch_sharding
         if time_step:
-            step = train.jit_train_step(train.make_train_step(model, tx, schedule, rules, mesh), shardings, mesh,
-                                        rules)
+            step = setup.pretraining_step()
             state, result["step_s"] = _time_steps(step, state, batches, batch_sharding)
         else:
             state = _with_trained_moments(state, tx, shardings)
         jax.block_until_ready(state)
         result["parameters"] = sum(x.size for x in jax.tree.leaves(state.params))
-        abstract, abstract_shardings, _ = train.abstract_train_state(model, tx, mesh, rules, data.max_seq_length,
-                                                                     data.max_predictions_per_seq)
-        result.update(_time_saves_and_restores(state, directory, batches, abstract, abstract_shardings, replicated))
+        result.update(_time_saves_and_restores(state, directory, batches, setup.abstract, shardings, replicated))
         result["size_bytes"] = _disk_bytes(os.path.join(directory, "checksums_True", str(FLAGS.saves)))
     return result
 

@@ -10,10 +10,7 @@ from absl import app
 from absl import flags
 import jax
 
-from bert_jax import model as model_lib
-from bert_jax import optim
 from bert_jax import presets
-from bert_jax import sharding as sharding_lib
 from bert_jax import train
 
 flags.DEFINE_string("size", "large", "Preset whose widths are used.")
@@ -30,17 +27,14 @@ def compile_seconds(size: str, layers: int, scan: bool, remat: str, seq_length: 
     config = presets.pretraining_config(size, "synthetic")
     config.model.num_layers, config.model.scan_layers, config.model.remat = layers, scan, remat
     predictions = max(1, round(0.15 * seq_length))
-    mesh = sharding_lib.create_mesh(config.mesh, jax.devices()[:1])
-    rules = sharding_lib.logical_rules(config.mesh)
-    model = model_lib.BertForPreTraining(model_lib.BertConfig.from_config(config.model))
-    tx, schedule = optim.create_optimizer(config.optim, config.train.num_steps)
-    with jax.set_mesh(mesh):
-        abstract, shardings, _ = train.abstract_train_state(model, tx, mesh, rules, seq_length, predictions)
+    config.data.max_seq_length, config.data.max_predictions_per_seq = seq_length, predictions
+    setup = train.pretraining_setup(config, jax.devices()[:1])
+    with jax.set_mesh(setup.mesh):
         batch = {name: jax.ShapeDtypeStruct(value.shape, value.dtype)
                  for name, value in train.dummy_batch(batch_size, seq_length, predictions).items()}
         start = time.perf_counter()
-        step = train.jit_train_step(train.make_train_step(model, tx, schedule, rules, mesh), shardings, mesh, rules)
-        lowered = step.lower(abstract, batch, jax.random.key(0))
+        step = setup.pretraining_step()
+        lowered = step.lower(setup.abstract, batch, jax.random.key(0))
         lowered_at = time.perf_counter()
         lowered.compile()
         return lowered_at - start, time.perf_counter() - lowered_at

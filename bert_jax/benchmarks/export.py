@@ -19,10 +19,7 @@ from bert_jax import checkpoint as checkpoint_lib
 from bert_jax.interop import export
 from bert_jax.interop import pretrained
 from bert_jax.data import input_pipeline
-from bert_jax import model as model_lib
-from bert_jax import optim
 from bert_jax import presets
-from bert_jax import sharding as sharding_lib
 from bert_jax import train
 
 flags.DEFINE_list("size", ["base"], "Presets to measure.")
@@ -42,13 +39,11 @@ def _timed(function, *args, **kwargs):
 
 def measure(size: str, root: str) -> list[tuple[str, float, str]]:
     config = presets.pretraining_config(size, "synthetic")
-    model_config = model_lib.BertConfig.from_config(config.model)
-    model = model_lib.BertForPreTraining(model_config)
-    mesh = sharding_lib.create_mesh(config.mesh)
-    rules = sharding_lib.logical_rules(config.mesh)
-    tx, _ = optim.create_optimizer(config.optim, config.train.num_steps)
-    with jax.set_mesh(mesh):
-        state, _ = train.create_train_state(model, tx, mesh, rules, jax.random.key(0), 128, 20)
+    config.data.max_seq_length, config.data.max_predictions_per_seq = 128, 20
+    setup = train.pretraining_setup(config)
+    model_config = setup.model.config
+    with jax.set_mesh(setup.mesh):
+        state = setup.create_state(jax.random.key(0))
         checkpointer = checkpoint_lib.Checkpointer(os.path.join(root, "checkpoints"), every_steps=1, max_to_keep=1)
         batches = input_pipeline.synthetic_batches(batch_size=1, max_seq_length=8, max_predictions_per_seq=1,
                                                    vocab_size=128, seed=0)

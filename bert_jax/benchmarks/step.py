@@ -28,8 +28,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from bert_jax import metrics as metrics_lib
-from bert_jax import model as model_lib
-from bert_jax import optim
 from bert_jax import presets
 from bert_jax import runtime
 from bert_jax import sharding as sharding_lib
@@ -175,18 +173,14 @@ def benchmark_step(size: str, seq_length: int, batch_size: int, max_predictions:
         raise ValueError(f"--batch_size={batch_size} must be a multiple of the {len(devices)} devices "
                          "(the benchmark shards the batch over all of them)")
     config = _preset(size, seq_length, max_predictions, dtype, batch_size, steps + warmup + 1)
-    model_config = model_lib.BertConfig.from_config(config.model)
-    model = model_lib.BertForPreTraining(model_config)
-    mesh = sharding_lib.create_mesh(config.mesh, devices)
-    rules = sharding_lib.logical_rules(config.mesh)
-    tx, schedule = optim.create_optimizer(config.optim, config.train.num_steps)
+    setup = train.pretraining_setup(config, devices)
+    model_config = setup.model.config
     batch = synthetic_batch(batch_size, seq_length, max_predictions, model_config.vocab_size)
 
-    with jax.set_mesh(mesh):
-        state, shardings = train.create_train_state(model, tx, mesh, rules, jax.random.key(0), seq_length,
-                                                    max_predictions)
-        step = train.jit_train_step(train.make_train_step(model, tx, schedule, rules, mesh), shardings, mesh, rules)
-        device_batch = sharding_lib.make_global_batch(batch, sharding_lib.batch_sharding(mesh, rules))
+    with jax.set_mesh(setup.mesh):
+        state = setup.create_state(jax.random.key(0))
+        step = setup.pretraining_step()
+        device_batch = sharding_lib.make_global_batch(batch, setup.batch_sharding)
         step_rng = train.dropout_key(1, dropout_rng, devices[0].platform)
         start = time.perf_counter()
         compiled = step.lower(state, device_batch, step_rng).compile()

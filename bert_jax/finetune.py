@@ -55,7 +55,7 @@ from bert_jax.train import TrainState, apply_gradients, dropout_key, jit_train_s
 
 FINETUNED_SUBDIR = "finetuned"
 LABELS_FILE = "labels.json"
-TASK_FILE = "task.json"  # beside labels.json: {"task": one of tasks.KINDS, "encoder": train.encoder}, the head
+TASK_FILE = "task.json"  # beside labels.json: {"task": one of tasks.NAMES, "encoder": train.encoder}, the head
 
 
 
@@ -285,7 +285,7 @@ def _write_model_files(output_dir: str, task: tasks.Task, encoder: str, model_co
     vocabulary. Written by every run, so that no earlier run's files stay behind."""
     if jax.process_index() == 0:
         fileio.makedirs(output_dir)
-        fileio.write_json(fileio.join(output_dir, TASK_FILE), {"task": task.kind, "encoder": encoder})
+        fileio.write_json(fileio.join(output_dir, TASK_FILE), {"task": task.name, "encoder": encoder})
         fileio.write_json(fileio.join(output_dir, LABELS_FILE), task.names)
         fileio.write_json(fileio.join(output_dir, init_architecture.RUN_MODEL_CONFIG), dataclasses.asdict(model_config))
         tokenizer.save(output_dir)
@@ -310,7 +310,7 @@ def finetune(config, workdir: str) -> dict[str, float]:
     tokenizer, source, mesh, rules = _setup(config)
     task = tasks.read_task(config, tokenizer)
     tx, schedule, num_steps = _create_optimizer(config, len(task.train_labels))
-    model = tasks.task_model(task, source.model_config, config.train.encoder)
+    model = task.model(source.model_config, config.train.encoder)
     output_dir = fileio.join(workdir, FINETUNED_SUBDIR)
     _write_model_files(output_dir, task, config.train.encoder, source.model_config, tokenizer)
     train = config.train
@@ -325,7 +325,7 @@ def finetune(config, workdir: str) -> dict[str, float]:
         replicated = NamedSharding(mesh, PartitionSpec())  # every process holds the whole result
         eval_step = jax.jit(make_eval_step(model, rules), in_shardings=(state_shardings.params, batch_sharding),
                             out_shardings=replicated)
-        make_step = make_logits_step if task.kind == "qa" else make_predict_step
+        make_step = make_logits_step if task.eval_output == "logits" else make_predict_step
         predict_step = jax.jit(make_step(model, rules), in_shardings=(state_shardings.params, batch_sharding),
                                out_shardings=replicated)
         predicted = None  # the last evaluation's tags (per held-out sentence and word) or answers (qa)
@@ -346,10 +346,10 @@ def finetune(config, workdir: str) -> dict[str, float]:
             if evaluate:
                 scalars.update(_evaluate(eval_step, state.params, task.eval_encoded, task.eval_labels,
                                          train.batch_size, batch_sharding, rows))
-                if task.kind != "sequence":
+                if task.eval_output:
                     outputs = _in_order(predict_step, state.params, task.eval_encoded, train.batch_size,
                                         batch_sharding, rows)
-                    scores, predicted = tasks.held_out_scores(task, outputs, config.data)
+                    scores, predicted = task.held_out_scores(outputs, config.data)
                     scalars.update(scores)
             logging.info("step %d/%d | %s", step, num_steps, " | ".join(f"{k} {v:.4g}" for k, v in scalars.items()))
             writer.write(step, scalars)
@@ -364,7 +364,7 @@ def finetune(config, workdir: str) -> dict[str, float]:
     writer.close()
     logging.info("fine-tuned parameters saved to %s (classes in %s)", output_dir, LABELS_FILE)
     if predicted is not None and jax.process_index() == 0:
-        tasks.write_predictions(workdir, task, predicted)
+        task.write_predictions(workdir, predicted)
     return last
 
 
@@ -435,14 +435,14 @@ def extract_features(config, workdir: str) -> str:
 
 
 def _saved_head(checkpoint: str) -> tuple[str, str]:
-    """(task kind, train.encoder) of a fine-tuned directory: its task.json, or (written before task.json existed)
+    """(task name, train.encoder) of a fine-tuned directory: its task.json, or (written before task.json existed)
     a tuned token classifier when the parameters have no pooler, else a sequence classifier."""
     path = fileio.join(checkpoint, TASK_FILE)
     if fileio.exists(path):
         with fileio.open_file(path) as file:
             head = json.load(file)
-        if head.get("task") not in tasks.KINDS:
-            raise ValueError(f"{path}: task {head.get('task')!r} is none of {tasks.KINDS}; the directory was not "
+        if head.get("task") not in tasks.NAMES:
+            raise ValueError(f"{path}: task {head.get('task')!r} is none of {tasks.NAMES}; the directory was not "
                              "written by --mode=finetune")
         return head["task"], head.get("encoder", "tuned")
     saved = checkpoint_lib.state_metadata(str(checkpoint_lib.step_directory(checkpoint)))["train_state"]["params"]
@@ -468,16 +468,14 @@ def export_finetuned(workdir: str, checkpoint: str = "", export_format: str = "h
     with fileio.open_file(labels_path) as file:
         names = json.load(file)
     model_config = flax_files.config_from_ours(fileio.join(checkpoint, init_architecture.RUN_MODEL_CONFIG))
-    kind, encoder = _saved_head(checkpoint)
+    name, encoder = _saved_head(checkpoint)
     if encoder != "tuned":
         raise ValueError(f"--checkpoint={checkpoint}: its {TASK_FILE} says train.encoder={encoder}, a head on the "
                          "last four layers that transformers' BertForTokenClassification cannot represent, so it does "
                          "not export; use the directory as it is (bert_jax's own format, which --config.init reads), "
                          "or fine-tune with --config.train.encoder=tuned to export")
-    task = tasks.Task(names, {}, np.zeros(0), kind=kind)
     ids = np.zeros((1, 8), np.int32)
-    params = export.restore_model_params(checkpoint, tasks.task_model(task, model_config), ids, ids, ids)
+    params = export.restore_model_params(checkpoint, tasks.head_model(name, model_config, len(names)), ids, ids, ids)
     huggingface.export_hf_classifier(params, model_config, output, names, tokenization.load_tokenizer(checkpoint))
-    logging.info("%s model exported for transformers", {"sequence": "sequence classification", "tokens":
-                 "token classification", "qa": "question answering"}[kind])
+    logging.info("%s model exported for transformers", tasks.task_class(name).description)
     return output

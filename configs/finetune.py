@@ -1,26 +1,33 @@
 """Fine-tuning (sentence / sentence-pair classification, token classification, extractive question answering) and
 feature-extraction recipe.
 
-`--config=configs/finetune.py:size=base,task=sst2` picks a model preset and a task; override any field with
-`--config.optim.learning_rate=3e-5`. Tasks: `csv` (the default: your own CSV/TSV files, set data.train_file,
-data.eval_file and the column names), `conll` (token classification, e.g. NER: CoNLL files in data.train_file and
-data.eval_file; entity-level F1, and the predicted tags in WORKDIR/eval_predictions.txt), `squad` (extractive
-question answering: SQuAD v1.1 / v2.0 JSON in data.train_file and data.eval_file; exact match and F1, and the
-answers in WORKDIR/predictions.json, the official format) or a GLUE classification
-task read from TensorFlow Datasets (cola, sst2, mrpc, qqp, mnli, qnli, rte, wnli; prepared beforehand with
-`tfds build glue/TASK`, never downloaded here). With task=conll, `encoder=frozen_last4` picks the BERT paper's
-feature-based variant (see train.encoder) and its learning rate.
+`--config=configs/finetune.py:size=base,task=tokens` picks a model preset and a task; override any field with
+`--config.optim.learning_rate=3e-5`. A task has one name everywhere (this option, config.task, the fine-tuned
+directory's task.json, `python -m bert_jax.benchmarks.finetune --task`; bert_jax.tasks registers them):
+- `sequence` (the default): sentence / sentence-pair classification of your own CSV/TSV files (set data.train_file,
+  data.eval_file and the column names), or of a GLUE dataset with `glue=NAME` (below);
+- `tokens`: token classification, e.g. NER: CoNLL files in data.train_file and data.eval_file; entity-level F1, and
+  the predicted tags in WORKDIR/eval_predictions.txt. `encoder=frozen_last4` picks the BERT paper's feature-based
+  variant (see train.encoder) and its learning rate;
+- `qa`: extractive question answering: SQuAD v1.1 / v2.0 JSON in data.train_file and data.eval_file; exact match and
+  F1, and the answers in WORKDIR/predictions.json, the official format.
+`glue=NAME` is the sequence task on a GLUE dataset read from TensorFlow Datasets (cola, sst2, mrpc, qqp, mnli, qnli,
+rte, wnli; prepared beforehand with `tfds build glue/NAME`, never downloaded here): `size=base,glue=sst2`. A GLUE
+name is a dataset, not a task, so it has its own option; data.format is the files' format (csv, tsv, tfds, txt,
+conll, squad), a third thing again.
+Older spellings keep working, mapped here and logged: `task=csv` is task=sequence, `task=conll` task=tokens,
+`task=squad` task=qa, and `task=sst2` (any GLUE name) is glue=sst2.
 Defaults: AdamW, batch 32, 10% warmup, dropout 0.1, and per preset the learning rate and epochs of RECIPES (the
 BERT paper's for base and large; larger steps for longer for the small presets).
 The config is locked, so a misspelt override is an error rather than a silently ignored flag.
 """
-
+from absl import logging
 import ml_collections
 
 from bert_jax.presets import MODEL_PRESETS, model_config
 from configs.pretrain import mesh_config
 
-# task -> (TFDS name, text columns, train split, eval split); labels are the dataset's `label` ClassLabel.
+# glue=NAME -> (TFDS name, text columns, train split, eval split); labels are the dataset's `label` ClassLabel.
 GLUE_TASKS = {
     "cola": ("glue/cola", "sentence", "train", "validation"),
     "sst2": ("glue/sst2", "sentence", "train", "validation"),
@@ -41,10 +48,13 @@ GLUE_TASKS = {
 # tiny at 1e-3 from the quick start's checkpoint stayed at chance for one seed of three, medium at 1e-4 reached 0.86.
 RECIPES = {"tiny": (1e-3, 10), "mini": (3e-4, 10), "small": (3e-4, 10), "medium": (3e-4, 10),
            "base": (2e-5, 3), "large": (2e-5, 3)}
-# task=squad: the BERT paper's SQuAD v1.1 recipe for base and large (learning rate 5e-5, batch 32, 3 epochs); the
+# task=qa: the BERT paper's SQuAD v1.1 recipe for base and large (learning rate 5e-5, batch 32, 3 epochs); the
 # small presets keep RECIPES'.
 QA_RECIPES = dict(RECIPES, base=(5e-5, 3), large=(5e-5, 3))
-TASKS = ("csv", "conll", "squad")
+# The task names, as bert_jax.tasks.NAMES (a test holds them equal; the recipe does not import the tasks' code).
+TASKS = ("sequence", "tokens", "qa")
+# Older spellings of task=..., still accepted: each maps to its task name here, at the recipe's boundary.
+TASK_ALIASES = {"csv": "sequence", "conll": "tokens", "squad": "qa"}
 
 # Peak learning rate of the feature-based recipe (`encoder=frozen_last4`, which trains only a linear head), for every
 # preset: what learns is the same linear layer over LayerNorm-scaled features whatever the encoder's size. Measured on
@@ -55,7 +65,7 @@ TOKEN_ENCODERS = ("tuned", "frozen_last4")  # as bert_jax.model.TOKEN_ENCODERS
 
 
 def _parse_arg(arg):
-    options = {"size": "tiny", "task": "csv", "encoder": "tuned"}
+    options = {"size": "tiny", "task": "sequence", "glue": "", "encoder": "tuned"}
     for item in filter(None, (arg or "").split(",")):
         key, sep, value = item.partition("=")
         if not sep:  # a bare word is the size, as in `configs/finetune.py:base`
@@ -66,9 +76,22 @@ def _parse_arg(arg):
     if options["size"] not in MODEL_PRESETS:
         raise ValueError(f"configs/finetune.py: unknown size {options['size']!r}; choose one of "
                          f"{list(MODEL_PRESETS)}")
-    if options["task"] not in TASKS and options["task"] not in GLUE_TASKS:
-        raise ValueError(f"configs/finetune.py: unknown task {options['task']!r}; choose one of "
-                         f"{list(TASKS) + list(GLUE_TASKS)}")
+    task = options["task"]
+    if task in TASK_ALIASES:
+        options["task"] = TASK_ALIASES[task]
+        logging.info("configs/finetune.py: task=%s is the older spelling of task=%s", task, options["task"])
+    elif task in GLUE_TASKS and not options["glue"]:
+        options["task"], options["glue"] = "sequence", task
+        logging.info("configs/finetune.py: task=%s is the older spelling of glue=%s (the sequence task)", task, task)
+    if options["task"] not in TASKS:
+        raise ValueError(f"configs/finetune.py: unknown task {task!r}; choose one of {list(TASKS)} (or glue=NAME "
+                         f"for a GLUE dataset: {list(GLUE_TASKS)})")
+    if options["glue"] and options["glue"] not in GLUE_TASKS:
+        raise ValueError(f"configs/finetune.py: unknown GLUE dataset glue={options['glue']!r}; choose one of "
+                         f"{list(GLUE_TASKS)}")
+    if options["glue"] and options["task"] != "sequence":
+        raise ValueError(f"configs/finetune.py: glue={options['glue']} is a dataset of the sequence task, not of "
+                         f"task={options['task']}. Fix: leave task out (or task=sequence)")
     if options["encoder"] not in TOKEN_ENCODERS:
         raise ValueError(f"configs/finetune.py: unknown encoder {options['encoder']!r}; choose one of "
                          f"{list(TOKEN_ENCODERS)}")
@@ -86,6 +109,10 @@ def get_config(arg=None):
     # from the preset's value) must agree with the checkpoint; the run stops naming every one that does not.
     config.model = model_config(options["size"])
     config.model_preset = options["size"]  # the preset config.model was filled from (see above)
+
+    # The task (bert_jax.tasks: its files, head, held-out scores and outputs), as the recipe option task=NAME set it:
+    # "sequence", "tokens" or "qa". data.format must be a file format this task reads.
+    config.task = options["task"]
 
     config.mesh = mesh_config()  # as in configs/pretrain.py
 
@@ -110,9 +137,9 @@ def get_config(arg=None):
     # Sources: a CSV (.csv) or TSV (.tsv) file with a header row, or "tfds:NAME[:VERSION]:SPLIT" (prepared only).
     data.train_file = ""  # training examples (local path, gs://, or tfds:NAME:SPLIT)
     data.eval_file = ""  # held-out examples for eval accuracy; empty = no evaluation
-    # "csv", "tsv", "tfds", "txt" or "auto" (tfds: prefix, .tsv, .txt, otherwise csv): sentence classification;
-    # "conll" (task=conll): token classification, a token and its tag (last column) per line, IOB1 or IOB2 tags;
-    # "squad" (task=squad): extractive question answering, SQuAD v1.1 / v2.0 JSON.
+    # "csv", "tsv", "tfds", "txt" or "auto" (tfds: prefix, .tsv, .txt, otherwise csv): task=sequence;
+    # "conll" (task=tokens): token classification, a token and its tag (last column) per line, IOB1 or IOB2 tags;
+    # "squad" (task=qa): extractive question answering, SQuAD v1.1 / v2.0 JSON.
     data.format = "auto"
     data.text_columns = "sentence"  # one column (single sentence) or two, comma-separated (sentence pair)
     data.label_column = "label"  # column with the class; strings or integers
@@ -125,7 +152,7 @@ def get_config(arg=None):
     data.vocab_file = ""
     data.do_lower_case = True  # lower-case before tokenising; must match how the model was pretrained
     data.tfds_data_dir = ""  # where prepared TFDS datasets live; empty: $TFDS_DATA_DIR or ~/tensorflow_datasets
-    # Question answering (task=squad), as the original run_squad.py: rows are [CLS] question [SEP] passage [SEP];
+    # Question answering (task=qa), as the original run_squad.py: rows are [CLS] question [SEP] passage [SEP];
     # a passage longer than a row is read in windows whose starts are doc_stride pieces apart.
     data.max_query_length = 64  # question pieces kept (the rest cut)
     data.doc_stride = 128  # passage pieces between the starts of two windows
@@ -142,10 +169,10 @@ def get_config(arg=None):
     train.log_every = 50  # steps between log lines and TensorBoard points
     train.eval_every = 0  # steps between evaluations (and always at the end); 0 = only at the end
     train.seed = 0  # seeds the classifier initialisation, dropout and the example order
-    # Token classification (task=conll) only: "tuned" fine-tunes every parameter (the BERT paper's NER setup);
+    # Token classification (task=tokens) only: "tuned" fine-tunes every parameter (the BERT paper's NER setup);
     # "frozen_last4" is its feature-based variant: the encoder frozen, each token's last four layers concatenated
     # (4 * hidden wide; needs >= 4 layers) -> dropout -> linear classifier, the only part trained; it does not
-    # export to transformers. The recipe option (`:task=conll,encoder=frozen_last4`) also sets its learning rate.
+    # export to transformers. The recipe option (`:task=tokens,encoder=frozen_last4`) also sets its learning rate.
     train.encoder = options["encoder"]
     train.dropout_rng = "auto"  # dropout's random bits, as in configs/pretrain.py
     # Divergence, as in configs/pretrain.py. Spikes are off: a classifier's loss nears zero, where a ratio to the
@@ -167,14 +194,14 @@ def get_config(arg=None):
     features.pooling = "cls"
     features.output = ""  # .npy path for the [num_texts, width] float32 array; empty: WORKDIR/features.npy
 
-    if options["task"] == "conll":
+    if options["task"] == "tokens":
         data.format = "conll"
-    if options["task"] == "squad":
+    if options["task"] == "qa":
         data.format = "squad"
         data.max_seq_length = 384  # the original's SQuAD length
         optim.learning_rate, train.num_epochs = QA_RECIPES[options["size"]][0], float(QA_RECIPES[options["size"]][1])
-    if options["task"] in GLUE_TASKS:
-        name, columns, train_split, eval_split = GLUE_TASKS[options["task"]]
+    if options["glue"]:
+        name, columns, train_split, eval_split = GLUE_TASKS[options["glue"]]
         data.train_file = f"tfds:{name}:{train_split}"
         data.eval_file = f"tfds:{name}:{eval_split}"
         data.text_columns = columns

@@ -5,10 +5,13 @@ an older run (task.json without "encoder", or no task.json at all) still exports
 import json
 import os
 
+from etils import epath
 import jax
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 
+from bert_jax import checkpoint as checkpoint_lib
 from bert_jax import finetune
 from bert_jax import model as model_lib
 from bert_jax import sharding as sharding_lib
@@ -20,6 +23,8 @@ from bert_jax.interop import init_architecture
 from configs import finetune as finetune_configs
 
 _WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "value", "is", "good", "bad", "json", "read"]
+# pylint: disable=protected-access  (what --mode=finetune writes and --mode=export reads back)
+_write_model_files, _saved_head = finetune._write_model_files, finetune._saved_head
 _HEADS = {"sequence": "BertForSequenceClassification", "tokens": "BertForTokenClassification",
           "qa": "BertForQuestionAnswering"}
 
@@ -46,11 +51,10 @@ def test_every_task_name_round_trips_through_the_recipe_the_registry_and_task_js
         assert (config.task, task_class.name) == (name, name)
         assert config.data.format in task_class.formats
         directory = str(tmp_path / name)
-        finetune._write_model_files(directory, task_class(["a", "b"], {}, np.zeros(0)), "tuned",  # pylint: disable=protected-access
-                                    _model_config(), tokenizer)
+        _write_model_files(directory, task_class(["a", "b"], {}, np.zeros(0)), "tuned", _model_config(), tokenizer)
         assert json.loads(open(os.path.join(directory, finetune.TASK_FILE), encoding="utf-8").read()) == \
             {"task": name, "encoder": "tuned"}
-        assert finetune._saved_head(directory) == (name, "tuned")  # pylint: disable=protected-access
+        assert _saved_head(directory) == (name, "tuned")
         assert type(tasks.head_model(name, _model_config(), 2)).__name__ == _HEADS[name]
     with pytest.raises(ValueError, match=r"config.task: unknown task 'ner'; choose one of \['sequence', 'tokens'"):
         tasks.task_class("ner")
@@ -85,12 +89,9 @@ def test_a_file_format_of_another_task_names_that_task(tmp_path):
 
 def _fine_tuned_directory(tmp_path, name: str, labels: list[str]) -> str:
     """WORKDIR/finetuned as --mode=finetune writes it, with task `name`'s freshly initialised parameters."""
-    import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
-    from etils import epath  # pylint: disable=import-outside-toplevel
-    from bert_jax import checkpoint as checkpoint_lib  # pylint: disable=import-outside-toplevel
     directory = str(tmp_path / "work" / finetune.FINETUNED_SUBDIR)
     task = tasks.task_class(name)(labels, {}, np.zeros(0))
-    finetune._write_model_files(directory, task, "tuned", _model_config(), _tokenizer(tmp_path))  # pylint: disable=protected-access
+    _write_model_files(directory, task, "tuned", _model_config(), _tokenizer(tmp_path))
     ids = np.zeros((1, 8), np.int32)
     params = sharding_lib.unbox(task.model(_model_config()).init(jax.random.key(0), ids, ids, ids)["params"])
     with ocp.StandardCheckpointer() as saver:
@@ -114,7 +115,7 @@ def test_an_older_fine_tuned_directory_exports_with_its_head(tmp_path, name, old
     else:
         with open(task_json, "w", encoding="utf-8") as file:
             json.dump(old_task_json, file)
-    assert finetune._saved_head(directory) == (name, "tuned")  # pylint: disable=protected-access
+    assert _saved_head(directory) == (name, "tuned")
     output = finetune.export_finetuned(str(tmp_path / "work"))
     hf_config = json.loads(open(os.path.join(output, "config.json"), encoding="utf-8").read())
     assert hf_config["architectures"] == [_HEADS[name]]

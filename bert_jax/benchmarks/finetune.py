@@ -6,8 +6,8 @@ It writes a task and a WordPiece vocab.txt of whole words into a temporary direc
 in configs/finetune.py:task=NAME): sequence (the default) sentence classification, a CSV of random sentences whose
 label is set by a keyword; tokens: token classification, a CoNLL file of random sentences with CoNLL-2003's 9 IOB2
 tags; qa: extractive question answering, a SQuAD v1.1 JSON of random paragraphs with one answer span each
-(max_query_length and doc_stride --seq_length // 4). Then it times, in turn and in separate processes (A B A B, so a noisy host
-slows both alike, and so torch's thread pool never competes with XLA's):
+(max_query_length and doc_stride --seq_length // 4). Then it times, in turn and in separate processes (A B A B,
+so a noisy host slows both alike, and so torch's thread pool never competes with XLA's):
 - jax: the driver's fine-tuning job (`bert_jax.finetune.finetune`, as `--mode=finetune` runs it) from scratch with
   the architecture of all-MiniLM-L6-v2 by default (6 layers, hidden 384, 12 heads, intermediate 1536, exact gelu);
 - torch: transformers' BertForSequenceClassification (BertForTokenClassification, BertForQuestionAnswering) with the

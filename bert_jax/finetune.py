@@ -56,7 +56,7 @@ from bert_jax.train import Setup, TrainState, apply_gradients, init_inputs
 
 FINETUNED_SUBDIR = "finetuned"
 LABELS_FILE = "labels.json"
-TASK_FILE = "task.json"  # beside labels.json: {"task": one of tasks.KINDS, "encoder": train.encoder}, the head
+TASK_FILE = "task.json"  # beside labels.json: {"task": one of tasks.NAMES, "encoder": train.encoder}, the head
 
 
 
@@ -81,37 +81,31 @@ def model_source(config) -> ModelSource:
     return ModelSource(model_config, params, config.init)
 
 
-def _abstract_params(model: nn.Module, mesh, rules, seq_length: int):
-    """(boxed abstract params, their shardings, the boxed init function), allocating nothing."""
-    ids = jnp.zeros((1, seq_length), jnp.int32)
-
-    def init_boxed(rng):
-        with nn.logical_axis_rules(rules):
-            return model.init({"params": rng}, ids, ids, ids, deterministic=True)["params"]
-
-    boxed = jax.eval_shape(init_boxed, jax.random.key(0))
-    return boxed, sharding_lib.tree_shardings(boxed, mesh, rules), init_boxed
-
-
 def load_params(config, model: nn.Module, source: ModelSource, mesh, rules, rng):
     """Parameters of `model`, born sharded: encoder and pooler from `config.init` if set, the rest fresh from rng.
 
     Returns (params, shardings). Call under `jax.set_mesh(mesh)`.
     """
-    boxed, shardings, init_boxed = _abstract_params(model, mesh, rules, config.data.max_seq_length)
-    abstract = sharding_lib.unbox(boxed)
+    # The run's setup without an optimizer: the same shapes, shardings and initialisation as a training run's.
+    setup = Setup.build(model, optax.identity(), None, mesh, rules, init_inputs(config.data.max_seq_length))
+    params = setup.create_state(rng).params
+    return dict(params, **_read_init(config, source, setup)), setup.shardings.params
+
+
+def _read_init(config, source: ModelSource, setup: Setup) -> dict:
+    """The encoder and pooler parameters `config.init` gives (none without one), sharded as `setup`'s."""
+    abstract, shardings = setup.abstract.params, setup.shardings.params
     names = [name for name in abstract if model_lib.is_encoder_parameter(name)]
-    loaded = {}
-    if config.init and source.host_params is None:
+    if not config.init:
+        return {}
+    if source.host_params is None:
         names = _check_checkpoint_fits(config.init, {name: abstract[name] for name in names})
         loaded, where = checkpoint_lib.restore_params(config.init, {name: abstract[name] for name in names},
                                                       {name: shardings[name] for name in names})
-    elif config.init:
+    else:
         loaded, where = _place_host_params(source.host_params, abstract, shardings, names, config.init), config.init
-    params = jax.jit(lambda key: sharding_lib.unbox(init_boxed(key)), out_shardings=shardings)(rng)
-    if loaded:
-        logging.info("initialised %s from %s; fresh: %s", sorted(loaded), where, sorted(set(abstract) - set(loaded)))
-    return dict(params, **loaded), shardings
+    logging.info("initialised %s from %s; fresh: %s", sorted(loaded), where, sorted(set(abstract) - set(loaded)))
+    return loaded
 
 
 def _check_checkpoint_fits(path: str, abstract) -> list[str]:
@@ -286,19 +280,18 @@ def _write_model_files(output_dir: str, task: tasks.Task, encoder: str, model_co
     vocabulary. Written by every run, so that no earlier run's files stay behind."""
     if jax.process_index() == 0:
         fileio.makedirs(output_dir)
-        fileio.write_json(fileio.join(output_dir, TASK_FILE), {"task": task.kind, "encoder": encoder})
+        fileio.write_json(fileio.join(output_dir, TASK_FILE), {"task": task.name, "encoder": encoder})
         fileio.write_json(fileio.join(output_dir, LABELS_FILE), task.names)
         fileio.write_json(fileio.join(output_dir, init_architecture.RUN_MODEL_CONFIG), dataclasses.asdict(model_config))
         tokenizer.save(output_dir)
 
 
 def _create_state(config, setup: Setup, source) -> TrainState:
-    """A fresh TrainState: the parameters --config.init gives (or fresh ones), a fresh optimizer state."""
-    init_rng = jax.random.split(jax.random.key(config.train.seed))[0]
-    params, _ = load_params(config, setup.model, source, setup.mesh, setup.rules, init_rng)
-    state = setup.create_state(init_rng)  # the same fresh head as load_params': one init, one key
+    """A fresh TrainState: the parameters --config.init gives (the rest, and the head, fresh from train.seed) and a
+    fresh optimizer state."""
+    state = setup.create_state(jax.random.split(jax.random.key(config.train.seed))[0])
     # The optimizer's initial state (zero moments, count 0) does not depend on the parameters' values.
-    return state.replace(params=params)
+    return state.replace(params=dict(state.params, **_read_init(config, source, setup)))
 
 
 class _FineTuning:
@@ -308,7 +301,7 @@ class _FineTuning:
     def __init__(self, config, task, setup: Setup, num_steps: int, rows):
         self.config, self.task, self.setup, self.num_steps, self.rows = config, task, setup, num_steps, rows
         self.eval_step = setup.jit_eval_step(make_eval_step(setup.model, setup.rules))
-        make_step = make_logits_step if task.kind == "qa" else make_predict_step
+        make_step = make_logits_step if task.eval_output == "logits" else make_predict_step
         self.predict_step = setup.jit_eval_step(make_step(setup.model, setup.rules))
         self.predicted = None  # the last evaluation's tags (per held-out sentence and word) or answers (qa)
 
@@ -326,10 +319,10 @@ class _FineTuning:
         task, batch_size = self.task, self.config.train.batch_size
         scores = _evaluate(self.eval_step, params, task.eval_encoded, task.eval_labels, batch_size,
                            self.setup.batch_sharding, self.rows)
-        if task.kind != "sequence":
+        if task.eval_output:
             outputs = _in_order(self.predict_step, params, task.eval_encoded, batch_size, self.setup.batch_sharding,
                                 self.rows)
-            task_scores, self.predicted = tasks.held_out_scores(task, outputs, self.config.data)
+            task_scores, self.predicted = task.held_out_scores(outputs, self.config.data)
             scores.update(task_scores)
         return scores
 
@@ -361,7 +354,7 @@ def finetune(config, workdir: str) -> TrainResult:
     tokenizer, source, mesh, rules = _setup(config)
     task = tasks.read_task(config, tokenizer)
     tx, schedule, num_steps = _create_optimizer(config, len(task.train_labels))
-    model = tasks.task_model(task, source.model_config, config.train.encoder)
+    model = task.model(source.model_config, config.train.encoder)
     setup = Setup.build(model, tx, schedule, mesh, rules, init_inputs(config.data.max_seq_length))
     output_dir = fileio.join(workdir, FINETUNED_SUBDIR)
     with jax.set_mesh(mesh):
@@ -382,7 +375,7 @@ def finetune(config, workdir: str) -> TrainResult:
                        force=True)
     logging.info("fine-tuned parameters saved to %s (classes in %s)", output_dir, LABELS_FILE)
     if job.predicted is not None and jax.process_index() == 0:
-        tasks.write_predictions(workdir, task, job.predicted)
+        task.write_predictions(workdir, job.predicted)
     return result
 
 
@@ -427,14 +420,14 @@ def extract_features(config, workdir: str) -> str:
 
 
 def _saved_head(checkpoint: str) -> tuple[str, str]:
-    """(task kind, train.encoder) of a fine-tuned directory: its task.json, or (written before task.json existed)
+    """(task name, train.encoder) of a fine-tuned directory: its task.json, or (written before task.json existed)
     a tuned token classifier when the parameters have no pooler, else a sequence classifier."""
     path = fileio.join(checkpoint, TASK_FILE)
     if fileio.exists(path):
         with fileio.open_file(path) as file:
             head = json.load(file)
-        if head.get("task") not in tasks.KINDS:
-            raise ValueError(f"{path}: task {head.get('task')!r} is none of {tasks.KINDS}; the directory was not "
+        if head.get("task") not in tasks.NAMES:
+            raise ValueError(f"{path}: task {head.get('task')!r} is none of {tasks.NAMES}; the directory was not "
                              "written by --mode=finetune")
         return head["task"], head.get("encoder", "tuned")
     saved = checkpoint_lib.state_metadata(str(checkpoint_lib.step_directory(checkpoint)))["train_state"]["params"]
@@ -460,16 +453,14 @@ def export_finetuned(workdir: str, checkpoint: str = "", export_format: str = "h
     with fileio.open_file(labels_path) as file:
         names = json.load(file)
     model_config = flax_files.config_from_ours(fileio.join(checkpoint, init_architecture.RUN_MODEL_CONFIG))
-    kind, encoder = _saved_head(checkpoint)
+    name, encoder = _saved_head(checkpoint)
     if encoder != "tuned":
         raise ValueError(f"--checkpoint={checkpoint}: its {TASK_FILE} says train.encoder={encoder}, a head on the "
                          "last four layers that transformers' BertForTokenClassification cannot represent, so it does "
                          "not export; use the directory as it is (bert_jax's own format, which --config.init reads), "
                          "or fine-tune with --config.train.encoder=tuned to export")
-    task = tasks.Task(names, {}, np.zeros(0), kind=kind)
     ids = np.zeros((1, 8), np.int32)
-    params = export.restore_model_params(checkpoint, tasks.task_model(task, model_config), ids, ids, ids)
+    params = export.restore_model_params(checkpoint, tasks.head_model(name, model_config, len(names)), ids, ids, ids)
     huggingface.export_hf_classifier(params, model_config, output, names, tokenization.load_tokenizer(checkpoint))
-    logging.info("%s model exported for transformers", {"sequence": "sequence classification", "tokens":
-                 "token classification", "qa": "question answering"}[kind])
+    logging.info("%s model exported for transformers", tasks.task_class(name).description)
     return output

@@ -21,6 +21,7 @@ from bert_jax import fileio
 from bert_jax import model as model_lib
 from bert_jax import optim
 from bert_jax import sharding as sharding_lib
+from bert_jax import tasks
 from bert_jax.data import finetune_data
 from bert_jax.data import packing
 from bert_jax.interop import init_architecture
@@ -237,8 +238,7 @@ def _validate_downstream(config, num_devices: int, process_count: int, mode: str
                          f"max_position_embeddings={bert_config.max_position_embeddings}")
     if not data.vocab_file:
         fail("data.vocab_file", "set it to the vocab.txt / .model / tokenizer directory the model was trained with")
-    if data.format not in finetune_data.FORMATS + ("conll", "squad"):
-        fail("data.format", f"choose one of {finetune_data.FORMATS + ('conll', 'squad')}")
+    _validate_task(config, fail)
     _validate_token_encoder(config, bert_config, fail)
     if data.format == "conll":  # token classification: words and tags, no columns
         _validate_tagging(config, mode, fail)
@@ -267,13 +267,27 @@ def _validate_downstream(config, num_devices: int, process_count: int, mode: str
                              f"{bert_config.num_layers}. Fix: pooling cls or mean")
 
 
+def _validate_task(config, fail) -> None:
+    """config.task is a registered task, and data.format a file format it reads."""
+    if config.task not in tasks.NAMES:
+        fail("task", f"choose one of {tasks.NAMES} (configs/finetune.py:task=NAME)")
+    formats = tuple(dict.fromkeys(form for task in tasks.TASKS.values() for form in task.formats))
+    if config.data.format not in formats:
+        fail("data.format", f"choose one of {formats}")
+    task = tasks.TASKS[config.task]
+    if config.data.format not in task.formats:
+        reader = next(other.name for other in tasks.TASKS.values() if config.data.format in other.formats)
+        fail("data.format", f"task={task.name} reads {task.formats}, and this is a format of task={reader}. Fix: "
+             f"configs/finetune.py:task={reader} for {reader} files, or a format of task={task.name}")
+
+
 def _validate_token_encoder(config, bert_config: model_lib.BertConfig, fail) -> None:
     encoder = config.train.encoder
     if encoder not in model_lib.TOKEN_ENCODERS:
         fail("train.encoder", f"choose one of {model_lib.TOKEN_ENCODERS}")
-    if encoder != "tuned" and config.data.format != "conll":
+    if encoder not in tasks.task_class(config.task).encoders:
         fail("train.encoder", "a frozen encoder's per-token features serve token classification only "
-             "(task=conll, data.format=conll). Fix: --config.train.encoder=tuned")
+             "(task=tokens, data.format=conll). Fix: --config.train.encoder=tuned")
     if encoder == "frozen_last4" and bert_config.num_layers < 4:
         fail("train.encoder", f"needs at least 4 layers; the model has {bert_config.num_layers}. Fix: a deeper "
              "model (--config.model.num_layers or --config.init), or --config.train.encoder=tuned")

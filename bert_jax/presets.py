@@ -232,6 +232,10 @@ def finetuning_config(size: str = "tiny") -> ml_collections.ConfigDict:
     config.model = model_config(size)
     config.model_preset = size  # the preset config.model was filled from (see above)
 
+    # The task (bert_jax.tasks: its files, head, held-out scores and outputs), as the recipe option task=NAME sets it:
+    # "sequence", "tokens" or "qa". data.format must be a file format this task reads.
+    config.task = "sequence"
+
     config.mesh = mesh_config()  # as in pretraining_config
 
     config.optim = optim = ml_collections.ConfigDict()
@@ -253,9 +257,9 @@ def finetuning_config(size: str = "tiny") -> ml_collections.ConfigDict:
     # Sources: a CSV (.csv) or TSV (.tsv) file with a header row, or "tfds:NAME[:VERSION]:SPLIT" (prepared only).
     data.train_file = ""  # training examples (local path, gs://, or tfds:NAME:SPLIT)
     data.eval_file = ""  # held-out examples for eval accuracy; empty = no evaluation
-    # "csv", "tsv", "tfds", "txt" or "auto" (tfds: prefix, .tsv, .txt, otherwise csv): sentence classification;
-    # "conll" (task=conll): token classification, a token and its tag (last column) per line, IOB1 or IOB2 tags;
-    # "squad" (task=squad): extractive question answering, SQuAD v1.1 / v2.0 JSON.
+    # "csv", "tsv", "tfds", "txt" or "auto" (tfds: prefix, .tsv, .txt, otherwise csv): task=sequence;
+    # "conll" (task=tokens): token classification, a token and its tag (last column) per line, IOB1 or IOB2 tags;
+    # "squad" (task=qa): extractive question answering, SQuAD v1.1 / v2.0 JSON.
     data.format = "auto"
     data.text_columns = "sentence"  # one column (single sentence) or two, comma-separated (sentence pair)
     data.label_column = "label"  # column with the class; strings or integers
@@ -268,7 +272,7 @@ def finetuning_config(size: str = "tiny") -> ml_collections.ConfigDict:
     data.vocab_file = ""
     data.do_lower_case = True  # lower-case before tokenising; must match how the model was pretrained
     data.tfds_data_dir = ""  # where prepared TFDS datasets live; empty: $TFDS_DATA_DIR or ~/tensorflow_datasets
-    # Question answering (task=squad), as the original run_squad.py: rows are [CLS] question [SEP] passage [SEP];
+    # Question answering (task=qa), as the original run_squad.py: rows are [CLS] question [SEP] passage [SEP];
     # a passage longer than a row is read in windows whose starts are doc_stride pieces apart.
     data.max_query_length = 64  # question pieces kept (the rest cut)
     data.doc_stride = 128  # passage pieces between the starts of two windows
@@ -285,10 +289,10 @@ def finetuning_config(size: str = "tiny") -> ml_collections.ConfigDict:
     train.log_every = 50  # steps between log lines and TensorBoard points
     train.eval_every = 0  # steps between evaluations (and always at the end); 0 = only at the end
     train.seed = 0  # seeds the classifier initialisation, dropout and the example order
-    # Token classification (task=conll) only: "tuned" fine-tunes every parameter (the BERT paper's NER setup);
+    # Token classification (task=tokens) only: "tuned" fine-tunes every parameter (the BERT paper's NER setup);
     # "frozen_last4" is its feature-based variant: the encoder frozen, each token's last four layers concatenated
     # (4 * hidden wide; needs >= 4 layers) -> dropout -> linear classifier, the only part trained; it does not
-    # export to transformers. The recipe option (`:task=conll,encoder=frozen_last4`) also sets its learning rate.
+    # export to transformers. The recipe option (`:task=tokens,encoder=frozen_last4`) also sets its learning rate.
     train.encoder = "tuned"
     train.dropout_rng = "auto"  # dropout's random bits, as in pretraining_config
     # Divergence, as in pretraining_config. Spikes are off: a classifier's loss nears zero, where a ratio to the

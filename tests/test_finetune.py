@@ -112,8 +112,8 @@ def test_finetuning_learns_a_keyword_task_sharded_over_a_2x2x2_mesh(task, tmp_pa
     mesh = sharding_lib.create_mesh(config.mesh)
     rules = sharding_lib.logical_rules(config.mesh)
     with jax.set_mesh(mesh):
-        boxed, shardings, _ = finetune._abstract_params(model, mesh, rules, 16)  # pylint: disable=protected-access
-        params, _ = checkpoint_lib.restore_params(saved, sharding_lib.unbox(boxed), shardings)
+        setup = train.Setup.build(model, optax.identity(), None, mesh, rules, train.init_inputs(16))
+        params, _ = checkpoint_lib.restore_params(saved, setup.abstract.params, setup.shardings.params)
     assert np.asarray(params["classifier"]["kernel"]).shape == (128, 2)
     assert np.abs(np.asarray(params["classifier"]["bias"])).max() > 0  # trained, not the zero initialisation
 
@@ -470,7 +470,7 @@ def test_config_errors_name_the_field(task, field, value, message):
 
 
 def test_config_presets_are_locked_and_glue_tasks_read_tfds():
-    config = finetune_configs.get_config("size=base,task=mnli")
+    config = finetune_configs.get_config("size=base,glue=mnli")
     assert config.data.eval_file == "tfds:glue/mnli:validation_matched"
     assert finetune_data._format(config.data.train_file, config.data.format) == "tfds"  # pylint: disable=protected-access
     assert config.data.text_columns == "premise,hypothesis" and config.model.num_layers == 12
@@ -485,7 +485,7 @@ def test_config_presets_are_locked_and_glue_tasks_read_tfds():
         config.features.poolng = "mean"
     with pytest.raises(ValueError, match="unknown task 'ner'"):
         finetune_configs.get_config("task=ner")
-    squad_base = finetune_configs.get_config("size=base,task=squad")  # the paper's SQuAD recipe, the original's rows
+    squad_base = finetune_configs.get_config("size=base,task=qa")  # the paper's SQuAD recipe, the original's rows
     assert (squad_base.data.format, squad_base.data.max_seq_length, squad_base.data.doc_stride,
             squad_base.data.max_query_length) == ("squad", 384, 128, 64)
     assert (squad_base.optim.learning_rate, squad_base.train.num_epochs) == (5e-5, 3.0)
@@ -605,8 +605,8 @@ def test_the_readmes_finetuning_commands_are_the_documented_ones_the_tests_run()
     readme = _commands(os.path.join(helpers.ROOT, "README.md"), "python -m bert_jax.main --mode=")
     shown = [shlex.split(line) for line in readme if "--config=configs/finetune.py" in line]
     assert shown == [_documented_command("finetune"), _documented_command("features"),
-                     _documented_command("finetune", "configs/finetune.py:task=conll"),
-                     _documented_command("finetune", "configs/finetune.py:task=squad")]
+                     _documented_command("finetune", "configs/finetune.py:task=tokens"),
+                     _documented_command("finetune", "configs/finetune.py:task=qa")]
 
 
 @pytest.fixture
@@ -673,10 +673,10 @@ def test_the_readme_finetuning_example_learns_with_the_recipe_defaults(trained_r
 
 @pytest.mark.filterwarnings(r"ignore:the load_module\(\) method is deprecated:DeprecationWarning")
 def test_token_classification_learns_the_tagging_task_through_the_driver(tmp_path, monkeypatch, driver):
-    """docs/finetuning.md's task=conll command as written (the README's too), with the recipe's defaults (tiny, from
+    """docs/finetuning.md's task=tokens command as written (the README's too), with the recipe's defaults (tiny, from
     scratch, the original uncased vocabulary): entity-level F1 on the 160 held-out sentences >= 0.9, and the predicted
     tags written in the held-out file's layout."""
-    command = _documented_command("finetune", "configs/finetune.py:task=conll")
+    command = _documented_command("finetune", "configs/finetune.py:task=tokens")
     assert command[:3] == ["python", "-m", "bert_jax.main"]
     assert not [arg for arg in command if arg.startswith(("--config.optim", "--config.train"))]
     monkeypatch.chdir(helpers.ROOT)  # the command names configs/ and tests/fixtures/ from the repository root
@@ -686,7 +686,7 @@ def test_token_classification_learns_the_tagging_task_through_the_driver(tmp_pat
     assert final["eval_f1"] >= 0.9 and final["eval_precision"] > 0 and final["eval_recall"] > 0, final
     assert json.loads((workdir / finetune.FINETUNED_SUBDIR / finetune.LABELS_FILE).read_text()) == \
         ["B-MOD", "B-TYPE", "I-MOD", "O"]
-    lines = (workdir / tasks.PREDICTIONS_FILE).read_text().split("\n")
+    lines = (workdir / tasks.tokens.PREDICTIONS_FILE).read_text().split("\n")
     expected = (helpers.ROOT + "/tests/fixtures/tagging_task/dev.txt")
     gold = open(expected, encoding="utf-8").read().split("\n")
     assert len(lines) == len(gold)
@@ -694,7 +694,7 @@ def test_token_classification_learns_the_tagging_task_through_the_driver(tmp_pat
     correct = [line.split()[1] == line.split()[2] for line in lines if line]
     assert sum(correct) / len(correct) >= 0.95
 
-    _assert_the_export_loads_in_transformers(driver, "configs/finetune.py:task=conll", workdir,
+    _assert_the_export_loads_in_transformers(driver, "configs/finetune.py:task=tokens", workdir,
                                              ["B-MOD", "B-TYPE", "I-MOD", "O"], ["the int value of os path",
                                                                                  "a dict from json"])
 
@@ -703,7 +703,7 @@ def test_tagging_input_errors_name_the_file_and_the_fix(tmp_path):
     train, dev = tmp_path / "train.txt", tmp_path / "dev.txt"
     train.write_text("json B-MOD\nis O\n\nint B-TYPE\n")
     dev.write_text("json B-MOD\nsys B-LIB\n")
-    config = finetune_configs.get_config("task=conll")
+    config = finetune_configs.get_config("task=tokens")
     config.data.vocab_file, config.data.max_seq_length = f"{helpers.FIXTURES}/vocab_uncased.txt", 16
     config.data.train_file, config.data.eval_file = str(train), str(dev)
     config.train.num_steps = 1
@@ -747,7 +747,7 @@ def test_a_frozen_last4_token_head_reads_four_layers_and_moves_alone():
                                            rngs={"dropout": jax.random.key(1)})["logits"].sum()))(params)
     assert all(not np.any(leaf) for name in params if name != "classifier" for leaf in jax.tree.leaves(grads[name]))
 
-    optim_config = finetune_configs.get_config("task=conll").optim
+    optim_config = finetune_configs.get_config("task=tokens").optim
     optim_config.learning_rate, optim_config.weight_decay, optim_config.warmup_steps = 1e-2, 0.1, 0
     tx, _ = optim.create_optimizer(optim_config, 10, frozen=model_lib.is_encoder_parameter)
     state = tx.init(params)
@@ -769,11 +769,11 @@ def test_a_frozen_last4_token_head_reads_four_layers_and_moves_alone():
 
 @pytest.mark.filterwarnings(r"ignore:the load_module\(\) method is deprecated:DeprecationWarning")
 def test_feature_based_tagging_learns_on_a_frozen_encoder_that_never_moves(tmp_path, monkeypatch, driver):
-    """docs/finetuning.md's task=conll,encoder=frozen_last4 command as written (tiny with 4 layers, from scratch: a
+    """docs/finetuning.md's task=tokens,encoder=frozen_last4 command as written (tiny with 4 layers, from scratch: a
     randomly initialised frozen encoder): entity F1 on the 160 held-out sentences >= 0.9, the encoder saved exactly as
     initialised; export refuses it; and a feature-based run from its directory (--config.init) keeps that encoder bit
     for bit while its fresh head moves."""
-    recipe = "configs/finetune.py:task=conll,encoder=frozen_last4"
+    recipe = "configs/finetune.py:task=tokens,encoder=frozen_last4"
     command = _documented_command("finetune", recipe)
     assert not [arg for arg in command if arg.startswith(("--config.optim", "--config.train"))]
     monkeypatch.chdir(helpers.ROOT)  # the command names configs/ and tests/fixtures/ from the repository root
@@ -810,7 +810,7 @@ def _assert_the_export_loads_in_transformers(driver, recipe, workdir, labels, te
     import transformers  # pylint: disable=import-outside-toplevel
     driver(["--mode=export", f"--config={recipe}", f"--workdir={workdir}"])
     exported, saved = workdir / "export" / "hf", workdir / finetune.FINETUNED_SUBDIR
-    tagging = "task=conll" in recipe
+    tagging = "task=tokens" in recipe
     auto = transformers.AutoModelForTokenClassification if tagging else transformers.AutoModelForSequenceClassification
     theirs = auto.from_pretrained(str(exported), local_files_only=True).eval()
     assert theirs.config.id2label == dict(enumerate(labels))

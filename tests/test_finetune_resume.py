@@ -28,9 +28,9 @@ COMMON = [f"--config.data.vocab_file={FIXTURES}/google_bert/vocab_uncased.txt", 
           "--config.train.log_every=1", "--config.optim.warmup_steps=2", "--config.optim.end_learning_rate=0.001",
           "--config.checkpoint.every_steps=3"]
 TASKS = {
-    "tokens": ["--config=configs/finetune.py:task=conll", f"--config.data.train_file={FIXTURES}/tagging_task/train.txt",
+    "tokens": ["--config=configs/finetune.py:task=tokens", f"--config.data.train_file={FIXTURES}/tagging_task/train.txt",
                f"--config.data.eval_file={FIXTURES}/tagging_task/dev.txt", "--config.data.max_seq_length=32"],
-    "qa": ["--config=configs/finetune.py:task=squad", f"--config.data.train_file={FIXTURES}/qa_task/train.json",
+    "qa": ["--config=configs/finetune.py:task=qa", f"--config.data.train_file={FIXTURES}/qa_task/train.json",
            f"--config.data.eval_file={FIXTURES}/qa_task/dev.json", "--config.data.max_seq_length=64",
            "--config.data.max_query_length=16"],
 }

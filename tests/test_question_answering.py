@@ -1,4 +1,4 @@
-"""Extractive question answering through the driver: the task=squad example of docs/finetuning.md (and the README)
+"""Extractive question answering through the driver: the task=qa example of docs/finetuning.md (and the README)
 learns the shipped QA task, writes the official predictions.json, and exports a model transformers'
 AutoModelForQuestionAnswering loads."""
 
@@ -27,18 +27,18 @@ QA_TASK = f"{helpers.ROOT}/tests/fixtures/qa_task"
 @pytest.mark.slow  # about 400 steps and an export: 211 s in a fresh-clone run of the suite on the 2-core machine
 @pytest.mark.filterwarnings(r"ignore:the load_module\(\) method is deprecated:DeprecationWarning")
 def test_question_answering_learns_the_qa_task_through_the_driver(tmp_path, monkeypatch, driver):
-    """docs/finetuning.md's task=squad command as written (the README's too), with the recipe's defaults (tiny, from
+    """docs/finetuning.md's task=qa command as written (the README's too), with the recipe's defaults (tiny, from
     scratch, the original uncased vocabulary): exact match and F1 on the 160 held-out questions >= 0.8, predictions.json
     in the official format holding them, and the export's start and end logits in transformers equal to ours."""
     workdir = tmp_path / "qa"
-    command = _documented_command("finetune", "configs/finetune.py:task=squad")
+    command = _documented_command("finetune", "configs/finetune.py:task=qa")
     assert command[:3] == ["python", "-m", "bert_jax.main"]
     assert not [arg for arg in command if arg.startswith(("--config.optim", "--config.train"))]
     monkeypatch.chdir(helpers.ROOT)  # the command names configs/ and tests/fixtures/ from the repository root
     driver([arg.replace("/tmp/bert_jax_qa", str(workdir)) for arg in command[3:]])
     final = json.loads((workdir / "metrics.jsonl").read_text().splitlines()[-1])
     assert final["eval_exact_match"] >= 0.8 and final["eval_f1"] >= 0.8, final
-    predictions = json.loads((workdir / tasks.QA_PREDICTIONS_FILE).read_text())
+    predictions = json.loads((workdir / tasks.qa.PREDICTIONS_FILE).read_text())
     examples = squad.read_squad(f"{QA_TASK}/dev.json", training=False)
     assert sorted(predictions) == sorted(example.qas_id for example in examples)
     assert all(isinstance(text, str) for text in predictions.values())
@@ -54,7 +54,7 @@ def test_question_answering_learns_the_qa_task_through_the_driver(tmp_path, monk
 def _assert_the_export_loads_in_transformers(driver, workdir, pairs):
     import torch  # pylint: disable=import-outside-toplevel
     import transformers  # pylint: disable=import-outside-toplevel
-    driver(["--mode=export", "--config=configs/finetune.py:task=squad", f"--workdir={workdir}"])
+    driver(["--mode=export", "--config=configs/finetune.py:task=qa", f"--workdir={workdir}"])
     exported, saved = workdir / "export" / "hf", workdir / finetune.FINETUNED_SUBDIR
     theirs = transformers.AutoModelForQuestionAnswering.from_pretrained(str(exported), local_files_only=True).eval()
     assert type(theirs).__name__ == "BertForQuestionAnswering"
@@ -74,7 +74,7 @@ def _assert_the_export_loads_in_transformers(driver, workdir, pairs):
 
 
 def _qa_config(tmp_path, train, dev=None):
-    config = finetune_configs.get_config("task=squad")
+    config = finetune_configs.get_config("task=qa")
     config.data.vocab_file, config.data.max_seq_length = f"{helpers.FIXTURES}/vocab_uncased.txt", 64
     config.data.max_query_length = 16
     config.data.train_file = str(train)
@@ -126,7 +126,7 @@ def test_squad_v2_predicts_no_answer_by_the_null_threshold(tmp_path, threshold, 
     config.data.version_2_with_negative, config.data.null_score_diff_threshold = True, threshold
     config.train.num_steps, config.train.batch_size = 2, 16
     metrics = helpers.run_finetune(config, str(tmp_path / "work"))
-    predictions = json.loads((tmp_path / "work" / tasks.QA_PREDICTIONS_FILE).read_text())
+    predictions = json.loads((tmp_path / "work" / tasks.qa.PREDICTIONS_FILE).read_text())
     null_odds = json.loads((tmp_path / "work" / "null_odds.json").read_text())
     assert sorted(predictions) == sorted(null_odds) and len(predictions) == 30
     assert all((text != "") == answered for text in predictions.values()), predictions

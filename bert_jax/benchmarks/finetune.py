@@ -2,12 +2,12 @@
 
 `python -m bert_jax.benchmarks.finetune --steps=60 --rounds=2 [--task=sequence|tokens|qa] [--json_out=FILE]`
 
-It writes a task and a WordPiece vocab.txt of whole words into a temporary directory: --task=sequence (the default)
-sentence classification, a CSV of random sentences whose label is set by a keyword; tokens: token classification,
-a CoNLL file of random sentences with CoNLL-2003's 9 IOB2 tags (configs/finetune.py:task=conll); qa: extractive
-question answering, a SQuAD v1.1 JSON of random paragraphs with one answer span each (task=squad, max_query_length
-and doc_stride --seq_length // 4). Then it times, in turn and in separate processes (A B A B, so a noisy host
-slows both alike, and so torch's thread pool never competes with XLA's):
+It writes a task and a WordPiece vocab.txt of whole words into a temporary directory (--task is the task's name, as
+in configs/finetune.py:task=NAME): sequence (the default) sentence classification, a CSV of random sentences whose
+label is set by a keyword; tokens: token classification, a CoNLL file of random sentences with CoNLL-2003's 9 IOB2
+tags; qa: extractive question answering, a SQuAD v1.1 JSON of random paragraphs with one answer span each
+(max_query_length and doc_stride --seq_length // 4). Then it times, in turn and in separate processes (A B A B,
+so a noisy host slows both alike, and so torch's thread pool never competes with XLA's):
 - jax: the driver's fine-tuning job (`bert_jax.finetune.finetune`, as `--mode=finetune` runs it) from scratch with
   the architecture of all-MiniLM-L6-v2 by default (6 layers, hidden 384, 12 heads, intermediate 1536, exact gelu);
 - torch: transformers' BertForSequenceClassification (BertForTokenClassification, BertForQuestionAnswering) with the
@@ -67,10 +67,11 @@ RESULT_PREFIX = "RESULT "
 _SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
 
-# --task -> (configs/finetune.py's task, the training file's name, transformers' head).
-TASKS = {"sequence": ("csv", "train.csv", "BertForSequenceClassification"),
-         "tokens": ("conll", "train.conll", "BertForTokenClassification"),
-         "qa": ("squad", "train.json", "BertForQuestionAnswering")}
+# --task (a task's one name: configs/finetune.py:task=NAME, bert_jax.tasks.NAMES) -> (the training file's name,
+# transformers' head).
+TASKS = {"sequence": ("train.csv", "BertForSequenceClassification"),
+         "tokens": ("train.conll", "BertForTokenClassification"),
+         "qa": ("train.json", "BertForQuestionAnswering")}
 # CoNLL-2003's 9 tags, IOB2.
 _ENTITIES = ("PER", "ORG", "LOC", "MISC")
 
@@ -128,7 +129,7 @@ def write_task(directory: str, examples: int, vocab_size: int, seed: int = 0,
     "keyword"; tokens: train.conll, CoNLL-2003's 9 IOB2 tags; qa: train.json, SQuAD v1.1 questions."""
     rng = np.random.default_rng(seed)
     words = [f"w{index}" for index in range(vocab_size - len(_SPECIALS) - 1)] + ["keyword"]
-    vocab_path, train_path = os.path.join(directory, "vocab.txt"), os.path.join(directory, TASKS[task][1])
+    vocab_path, train_path = os.path.join(directory, "vocab.txt"), os.path.join(directory, TASKS[task][0])
     with open(vocab_path, "w", encoding="utf-8") as file:
         file.write("\n".join(_SPECIALS + words) + "\n")
     writer = {"sequence": _write_sequence, "tokens": _write_tokens, "qa": _write_qa}[task]
@@ -140,9 +141,11 @@ def write_task(directory: str, examples: int, vocab_size: int, seed: int = 0,
 def task_config(vocab_path: str, train_path: str, task: str = "sequence"):
     """The fine-tuning job's defaults (bert_jax.presets, as configs/finetune.py starts from them) with the
     benchmark's task, shape, data, steps and learning rate; no evaluation."""
+    from bert_jax import tasks  # pylint: disable=import-outside-toplevel
     config = presets.finetuning_config("mini")
-    if TASKS[task][0] in ("conll", "squad"):  # as configs/finetune.py's task=conll and task=squad set it
-        config.data.format = TASKS[task][0]
+    config.task = task
+    if task != "sequence":  # as configs/finetune.py's task=tokens and task=qa set it: their one file format
+        [config.data.format] = tasks.task_class(task).formats
     model = config.model
     model.num_layers, model.hidden_size, model.num_heads = FLAGS.layers, FLAGS.hidden, FLAGS.heads
     model.intermediate_size, model.vocab_size, model.hidden_act = FLAGS.intermediate, FLAGS.vocab_size, "gelu"
@@ -173,7 +176,7 @@ def run_jax(task_dir: str) -> dict:
 
 
 def _config_of(task_dir: str):
-    return task_config(os.path.join(task_dir, "vocab.txt"), os.path.join(task_dir, TASKS[FLAGS.task][1]), FLAGS.task)
+    return task_config(os.path.join(task_dir, "vocab.txt"), os.path.join(task_dir, TASKS[FLAGS.task][0]), FLAGS.task)
 
 
 def torch_rows(config, task: str) -> tuple[dict, dict, int]:
@@ -182,7 +185,7 @@ def torch_rows(config, task: str) -> tuple[dict, dict, int]:
     from bert_jax.data import conll, finetune_data, squad, tokenization  # pylint: disable=import-outside-toplevel
     data = config.data
     tokenizer = tokenization.load_tokenizer(data.vocab_file, do_lower_case=True)
-    if task == "tokens":  # as bert_jax.finetune._read_tagging_task: tag ids in sorted order
+    if task == "tokens":  # as bert_jax.tasks.tokens: tag ids in sorted order
         sentences = conll.read_conll(data.train_file)
         names = sorted({tag for sentence in sentences for tag in sentence.tags})
         rows = conll.encode(tokenizer, sentences, {name: i for i, name in enumerate(names)}, data.max_seq_length)
@@ -234,7 +237,7 @@ def run_torch(task_dir: str) -> dict:
     config = _config_of(task_dir)
     inputs, targets, num_labels = torch_rows(config, FLAGS.task)
     torch.manual_seed(0)
-    model = torch_model(config.model, TASKS[FLAGS.task][2], num_labels)
+    model = torch_model(config.model, TASKS[FLAGS.task][1], num_labels)
     optimizer, scheduler = torch_optimizer(model, config)
     rows = len(inputs["input_ids"])
     batches = finetune_data.train_batches(rows, FLAGS.batch_size, config.train.seed)

@@ -98,42 +98,45 @@ def fits_verdict(report: AotReport) -> str:
     return f"yes {share}" if report.fits else f"NO {share}"
 
 
+# The table's rows (label, cell of a report); those of _COMPILED_ROWS and _FLOPS_ROWS need a compiled step.
+_COMPILED_ROWS = [
+    ("per chip: arguments", lambda r: _gib(r.argument_bytes)),
+    ("per chip: outputs", lambda r: _gib(r.output_bytes)),
+    ("per chip: donated (aliased)", lambda r: _gib(r.alias_bytes)),
+    ("per chip: temporaries", lambda r: _gib(r.temp_bytes)),
+    ("per chip: generated code", lambda r: _gib(r.generated_code_bytes)),
+    ("per chip: total", lambda r: _gib(r.total_bytes)),
+    ("per chip: XLA peak", lambda r: _gib(r.xla_peak_bytes)),
+]
+_FLOPS_ROWS = [
+    ("compiled TFLOP/step per chip", lambda r: f"{r.flops_per_device / 1e12:.4g}"),
+    ("compiled TFLOP/step total", lambda r: f"{r.flops_total / 1e12:.4g}"),
+]
+_ROWS = [
+    ("topology", lambda r: r.topology),
+    ("device kind", lambda r: r.device_kind),
+    ("chips (hosts)", lambda r: f"{r.num_chips} ({r.num_hosts})"),
+    ("mesh dcn_data,data,fsdp,tensor", lambda r: ",".join(str(size) for size in r.mesh.values())),
+    ("global batch x seq", lambda r: f"{r.batch_size} x {r.seq_length}"),
+    ("dtype, parameters", lambda r: f"{r.dtype}, {r.num_params / 1e6:.1f}M"),
+    *_COMPILED_ROWS,
+    ("to other slices per chip", lambda r: ", ".join(f"{kind.lower()} {size / 2**20:.3g} MiB"
+                                                      for kind, size in sorted(r.dcn_bytes.items())) or "-"),
+    ("HBM per chip", lambda r: _gib(r.hbm_bytes)),
+    ("fits", fits_verdict),
+    *_FLOPS_ROWS,
+    ("model TFLOP/step per chip", lambda r: f"{r.model_flops_per_device / 1e12:.4g}"),
+    ("executed matmul TFLOP/step per chip", lambda r: f"{r.executed_flops_per_device / 1e12:.4g}"),
+    ("compiled / executed matmul FLOPs", lambda r: f"{r.flops_ratio:.3f}" + (" *" if r.while_loops else "")),
+    ("lower / compile time", lambda r: f"{r.lower_seconds:.1f} s / {r.compile_seconds:.1f} s"),
+]
+_NEEDS_COMPILED = {label for label, _ in _COMPILED_ROWS + _FLOPS_ROWS} | {"compiled / executed matmul FLOPs"}
+
+
 def format_reports(reports: list[AotReport]) -> str:
     """A table with one column per compiled topology ("-" where XLA refused a step too large for the chip)."""
-    compiled_rows = [
-        ("per chip: arguments", lambda r: _gib(r.argument_bytes)),
-        ("per chip: outputs", lambda r: _gib(r.output_bytes)),
-        ("per chip: donated (aliased)", lambda r: _gib(r.alias_bytes)),
-        ("per chip: temporaries", lambda r: _gib(r.temp_bytes)),
-        ("per chip: generated code", lambda r: _gib(r.generated_code_bytes)),
-        ("per chip: total", lambda r: _gib(r.total_bytes)),
-        ("per chip: XLA peak", lambda r: _gib(r.xla_peak_bytes)),
-    ]
-    flops_rows = [
-        ("compiled TFLOP/step per chip", lambda r: f"{r.flops_per_device / 1e12:.4g}"),
-        ("compiled TFLOP/step total", lambda r: f"{r.flops_total / 1e12:.4g}"),
-    ]
-    rows = [
-        ("topology", lambda r: r.topology),
-        ("device kind", lambda r: r.device_kind),
-        ("chips (hosts)", lambda r: f"{r.num_chips} ({r.num_hosts})"),
-        ("mesh dcn_data,data,fsdp,tensor", lambda r: ",".join(str(size) for size in r.mesh.values())),
-        ("global batch x seq", lambda r: f"{r.batch_size} x {r.seq_length}"),
-        ("dtype, parameters", lambda r: f"{r.dtype}, {r.num_params / 1e6:.1f}M"),
-        *compiled_rows,
-        ("to other slices per chip", lambda r: ", ".join(f"{kind.lower()} {size / 2**20:.3g} MiB"
-                                                          for kind, size in sorted(r.dcn_bytes.items())) or "-"),
-        ("HBM per chip", lambda r: _gib(r.hbm_bytes)),
-        ("fits", fits_verdict),
-        *flops_rows,
-        ("model TFLOP/step per chip", lambda r: f"{r.model_flops_per_device / 1e12:.4g}"),
-        ("executed matmul TFLOP/step per chip", lambda r: f"{r.executed_flops_per_device / 1e12:.4g}"),
-        ("compiled / executed matmul FLOPs", lambda r: f"{r.flops_ratio:.3f}" + (" *" if r.while_loops else "")),
-        ("lower / compile time", lambda r: f"{r.lower_seconds:.1f} s / {r.compile_seconds:.1f} s"),
-    ]
-    needs_compiled = {label for label, _ in compiled_rows + flops_rows} | {"compiled / executed matmul FLOPs"}
-    cells = [[label] + ["-" if report.out_of_memory and label in needs_compiled else value(report)
-                        for report in reports] for label, value in rows]
+    cells = [[label] + ["-" if report.out_of_memory and label in _NEEDS_COMPILED else value(report)
+                        for report in reports] for label, value in _ROWS]
     widths = [max(len(row[column]) for row in cells) for column in range(len(cells[0]))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in cells]
     lines.insert(1, "-" * len(lines[0]))

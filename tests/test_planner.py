@@ -1,5 +1,5 @@
-"""The planner's search (bert_jax.aot.planner) on made-up compilers, whose memory and work per batch are known, and its
-step-time model (bert_jax.chips). The real compiles are in tests/test_aot.py."""
+"""The planner's search (bert_jax.aot.planner, .search, .estimate) on made-up compilers, whose memory and work per
+batch are known, and its step-time model (bert_jax.chips). The real compiles are in tests/test_aot.py."""
 
 import dataclasses
 import math

@@ -37,7 +37,7 @@ class _BatchSearch:
 
     def __init__(self, spec: PlanSpec, candidate: Candidate, compile_at: CompileAt, log: Callable[[str], None],
                  target_rows: int, num_layers: int):
-        self.spec, self.candidate, self.compile_at, self.log = spec, candidate, compile_at, log
+        self.candidate, self.compile_at, self.log = candidate, compile_at, log
         self.headroom, self.resolution, self.saturation = spec.headroom, spec.resolution, spec.saturation
         self.target_rows = target_rows
         self.chip = spec.chip

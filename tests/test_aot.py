@@ -250,13 +250,17 @@ def test_planner_finds_a_batch_the_plain_compile_confirms_and_rejects_the_next(t
     compile at its answer. The plain AOT path confirms that the batch it returns fits with 10% headroom and that the
     next size up it names does not; a second plan is served from the cache."""
     _require_libtpu()
-    from bert_jax.aot import planner  # pylint: disable=import-outside-toplevel
+    # pylint: disable=import-outside-toplevel
+    from bert_jax.aot import estimate, planner
+    from bert_jax.aot import plan as plan_lib
+    from bert_jax.aot.cache import ReportCache
     config, budget, headroom = pretrain.get_config("size=tiny"), 64 << 20, 0.1
     config.model.dropout_rate = config.model.attention_dropout_rate = 0.0
-    candidate = planner.Candidate(data=1, fsdp=2, tensor=2, remat="none", scan_layers=False)
-    cache = planner.ReportCache(str(tmp_path))
-    (row,) = planner.plan(config, TOPOLOGY, 1, cache, headroom, ("none",), (False,), budget, meshes=[(1, 2, 2)],
-                          resolution=0.5)
+    candidate = plan_lib.Candidate(data=1, fsdp=2, tensor=2, remat="none", scan_layers=False)
+    cache = ReportCache(str(tmp_path))
+    spec = plan_lib.PlanSpec(config, TOPOLOGY, 1, headroom, budget, ("none",), (False,), meshes=((1, 2, 2),),
+                             resolution=0.5)
+    (row,) = planner.plan(spec, cache)
     assert row.candidate == candidate and row.fits and row.confirmed and row.limit == "memory", row
     assert 8 <= row.rows_per_shard < 16 and row.compiles <= 5, row
     assert row.report.batch_size == 2 * row.rows_per_shard < row.not_fitting.batch_size <= 64
@@ -264,24 +268,23 @@ def test_planner_finds_a_batch_the_plain_compile_confirms_and_rejects_the_next(t
         _, plain = aot.compile_train_step(planner.configure(config, candidate, report.batch_size // 2, 1), TOPOLOGY)
         assert plain.mesh == {"dcn_data": 1, "data": 1, "fsdp": 2, "tensor": 2}
         assert plain.batch_size == report.batch_size
-        assert planner.fits_with_headroom(plain, headroom, budget) is fits, (plain.batch_size, plain.needed_bytes)
+        assert estimate.fits_with_headroom(plain, headroom, budget) is fits, (plain.batch_size, plain.needed_bytes)
         if fits:  # compiled, not predicted: the plain path's report figure for figure
             assert dataclasses.replace(plain, lower_seconds=0, compile_seconds=0) == dataclasses.replace(
                 report, lower_seconds=0, compile_seconds=0)
-    assert planner.flag_line(row, 1) == ("--config.mesh.dcn_data=1 --config.mesh.data=1 --config.mesh.fsdp=2 "
+    assert plan_lib.flag_line(row, 1) == ("--config.mesh.dcn_data=1 --config.mesh.data=1 --config.mesh.fsdp=2 "
                                      "--config.mesh.tensor=2 --config.model.remat=none --config.model.scan_layers="
                                      f"False --config.train.batch_size={row.report.batch_size} "
                                      "--config.optim.grad_accum_steps=1")
     # The predicted time is the roofline of XLA's own figures for the compiled step.
-    estimate = planner.predict(row.report, chips.CHIPS["v5e"], row.fixed_bytes)
-    assert row.seconds == estimate.seconds > 0
+    step_time = estimate.predict(row.report, chips.CHIPS["v5e"], row.fixed_bytes)
+    assert row.seconds == step_time.seconds > 0
     assert row.sequences_per_s_per_chip == pytest.approx(row.report.batch_size / row.seconds / 4)
-    table = planner.format_plan([row], headroom, budget, chips.CHIPS["v5e"])
+    table = plan_lib.format_plan([row], headroom, budget, chips.CHIPS["v5e"])
     assert re.search(rf"^1,2,2  none  off +{row.rows_per_shard} +1 +{row.report.batch_size} .* / 0\.0625 \(", table,
                      re.MULTILINE), table
     hits = cache.hits
-    assert planner.plan(config, TOPOLOGY, 1, cache, headroom, ("none",), (False,), budget, meshes=[(1, 2, 2)],
-                        resolution=0.5) == [row]
+    assert planner.plan(spec, cache) == [row]
     assert cache.hits - hits == row.compiles
     assert not multiprocessing.active_children()  # the spare compiling process is gone with the plan
 
@@ -290,17 +293,20 @@ def test_an_error_in_the_compiling_process_is_raised_in_the_planner_as_it_is(tmp
     """A configuration the step refuses (a batch the mesh does not divide) raises the same ValueError, naming the
     flag, as compiling it in the planner's own process would; nothing is cached for it."""
     _require_libtpu()
-    from bert_jax.aot import planner  # pylint: disable=import-outside-toplevel
-    config = planner.configure(pretrain.get_config("size=tiny"), planner.Candidate(4, 1, 1, "none", False), 1, 1)
+    # pylint: disable=import-outside-toplevel
+    from bert_jax.aot import planner
+    from bert_jax.aot.cache import ReportCache
+    from bert_jax.aot.plan import Candidate
+    from bert_jax.aot.pool import CompilerPool
+    config = planner.configure(pretrain.get_config("size=tiny"), Candidate(4, 1, 1, "none", False), 1, 1)
     config.train.batch_size = 6
-    cache = planner.ReportCache(str(tmp_path))
-    with pytest.raises(ValueError, match="batch_size") as raised:
-        planner.compile_report(config, TOPOLOGY, 1, cache)
+    cache = ReportCache(str(tmp_path))
+    with CompilerPool() as pool, pytest.raises(ValueError, match="batch_size") as raised:
+        planner.compile_report(config, TOPOLOGY, 1, cache, pool)
     with pytest.raises(ValueError) as directly:
         aot.compile_train_step(config, TOPOLOGY)
     assert str(raised.value) == str(directly.value)
     assert not os.listdir(tmp_path)
-    planner.release_spare()
     assert not multiprocessing.active_children()
 
 

@@ -1,5 +1,5 @@
-"""The planner's search (bert_jax.aot.planner) on made-up compilers, whose memory and work per batch are known, and its
-step-time model (bert_jax.chips). The real compiles are in tests/test_aot.py."""
+"""The planner's search (bert_jax.aot.planner, .search, .estimate) on made-up compilers, whose memory and work per
+batch are known, and its step-time model (bert_jax.chips). The real compiles are in tests/test_aot.py."""
 
 import dataclasses
 import math
@@ -8,11 +8,16 @@ import pytest
 
 from bert_jax import aot
 from bert_jax import chips
+from bert_jax.aot import compiling
+from bert_jax.aot import estimate as estimate_lib
+from bert_jax.aot import plan as plan_lib
 from bert_jax.aot import planner
+from bert_jax.aot import search as search_lib
+from bert_jax.aot.pool import CompilerCrashedError
 
 TOPOLOGY = "v5e:2x2"
 V5E = chips.CHIPS["v5e"]
-CANDIDATE = planner.Candidate(data=4, fsdp=1, tensor=1, remat="none", scan_layers=False)
+CANDIDATE = plan_lib.Candidate(data=4, fsdp=1, tensor=1, remat="none", scan_layers=False)
 GIB = aot.GIB
 
 
@@ -43,7 +48,7 @@ def _report(rows: int, accum: int = 1, depth: int = 0, *, fixed_bytes: float = 2
 
 
 class Compiler:
-    """compile_at for planner.search, counting what it was asked."""
+    """compile_at for search_lib.search, counting what it was asked."""
 
     def __init__(self, **shape):
         self.shape, self.calls = shape, []
@@ -53,24 +58,27 @@ class Compiler:
         return _report(rows, accum, depth, **self.shape)
 
 
-def _search(compiler, num_layers=2, **options):
-    """planner.search over `compiler` for a model of `num_layers` (2: no shallower compiles)."""
-    return planner.search(None, CANDIDATE, TOPOLOGY, 1, planner.ReportCache(""), 0.1, compile_at=compiler,
-                          num_layers=num_layers, **options)
+def _spec(**options) -> plan_lib.PlanSpec:
+    """The spec of a plan on TOPOLOGY with 10% headroom; no config: the made-up compilers need none."""
+    return plan_lib.PlanSpec(None, TOPOLOGY, 1, headroom=0.1, **options)
+
+
+def _search(compiler, num_layers=2, target_rows=0, **options):
+    """search_lib.search over `compiler` for a model of `num_layers` (2: no shallower compiles)."""
+    return search_lib.search(_spec(**options), CANDIDATE, compiler, target_rows=target_rows, num_layers=num_layers)
 
 
 def _plan_one(compiler, num_layers=2, **options):
     """_search, then the compile that confirms its row, as planner.plan does for the fastest."""
     row = _search(compiler, num_layers, **options)
     if row.fits and not row.confirmed:
-        row = planner.confirm(None, row, TOPOLOGY, 1, planner.ReportCache(""), 0.1, compile_at=compiler,
-                              resolution=options.get("resolution", planner.RESOLUTION))
+        row = search_lib.confirm(_spec(resolution=options.get("resolution", plan_lib.RESOLUTION)), row, compiler)
     return row
 
 
 def _largest_fitting(compiler: Compiler, headroom: float) -> int:
     rows = 1
-    while planner.fits_with_headroom(_report(rows + 1, **compiler.shape), headroom, 0):
+    while estimate_lib.fits_with_headroom(_report(rows + 1, **compiler.shape), headroom, 0):
         rows += 1
     return rows
 
@@ -112,10 +120,10 @@ def test_a_target_batch_is_reached_by_the_largest_micro_batch_that_fits_and_accu
     row = _plan_one(compiler, target_rows=1024)
     # The micro-batch divides 1024; the largest such under 248 rows is 128; the accumulating step is compiled too.
     assert (row.rows_per_shard, row.accum_steps, row.global_batch) == (128, 8, 4096)
-    assert (128, 8) in compiler.calls and planner.fits_with_headroom(_report(128, 8), 0.1)
+    assert (128, 8) in compiler.calls and estimate_lib.fits_with_headroom(_report(128, 8), 0.1)
     micro = chips.estimate(V5E, 1e9 * 128, 4e9 + 1e7 * 128, fixed_bytes=4e9)
     assert row.seconds == pytest.approx(8 * micro.seconds)
-    assert planner.flag_line(row, 1).endswith("--config.train.batch_size=4096 --config.optim.grad_accum_steps=8")
+    assert plan_lib.flag_line(row, 1).endswith("--config.train.batch_size=4096 --config.optim.grad_accum_steps=8")
     # A target that fits whole needs no accumulation.
     small = _plan_one(Compiler(flops_per_row=1e9), target_rows=64)
     assert (small.rows_per_shard, small.accum_steps, small.limit) == (64, 1, "target")
@@ -143,30 +151,30 @@ def test_estimate_is_a_roofline_plus_transfers():
 def test_loops_scale_the_counted_work_up_to_the_executed_matmuls():
     report = dataclasses.replace(_report(64), while_loops=2, flops_per_device=1e12, executed_flops_per_device=4e12,
                                  bytes_accessed=1e9, collective_bytes={"all-gather": 1 << 20})
-    estimate = planner.predict(report, V5E)
+    estimate = estimate_lib.predict(report, V5E)
     assert estimate.compute_s == pytest.approx(4e12 / V5E.peak_flops)
     assert estimate.memory_s == pytest.approx(4e9 / V5E.hbm_bytes_per_s)
     assert estimate.ici_s == pytest.approx(4 * (1 << 20) / V5E.ici_bytes_per_s)
     loop_free = dataclasses.replace(report, while_loops=0)
-    assert planner.predict(loop_free, V5E).compute_s == pytest.approx(1e12 / V5E.peak_flops)
+    assert estimate_lib.predict(loop_free, V5E).compute_s == pytest.approx(1e12 / V5E.peak_flops)
 
 
 def test_candidates_that_cannot_win_are_skipped():
     """Recomputation behind a step that is not memory-limited, and a scanned step where the unrolled one fits."""
     base = dict(data=4, fsdp=1, tensor=1)
-    none = planner.PlanRow(planner.Candidate(**base, remat="none", scan_layers=False), 64, _report(64), None, 3,
+    none = plan_lib.PlanRow(plan_lib.Candidate(**base, remat="none", scan_layers=False), 64, _report(64), None, 3,
                            limit="throughput", seconds=0.1, ceiling_rows_per_s=700.0)
-    matmuls = planner.Candidate(**base, remat="matmuls", scan_layers=False)
+    matmuls = plan_lib.Candidate(**base, remat="matmuls", scan_layers=False)
     assert "remat=none already reaches" in planner._cannot_win(matmuls, [none])
-    scanned = planner.Candidate(**base, remat="none", scan_layers=True)
+    scanned = plan_lib.Candidate(**base, remat="none", scan_layers=True)
     assert "scan=off fits" in planner._cannot_win(scanned, [none])
     # Also with more recomputation, which was itself skipped.
-    assert "scan=off fits" in planner._cannot_win(planner.Candidate(**base, remat="full", scan_layers=True), [none])
+    assert "scan=off fits" in planner._cannot_win(plan_lib.Candidate(**base, remat="full", scan_layers=True), [none])
     # Memory-limited, far below its ceiling (640 rows/s of 700): recomputation may pay; within 1% it cannot.
     limited = dataclasses.replace(none, limit="memory")
     assert planner._cannot_win(matmuls, [limited]) == ""
     assert "within 1%" in planner._cannot_win(matmuls, [dataclasses.replace(limited, ceiling_rows_per_s=645.0)])
-    other_mesh = planner.Candidate(data=1, fsdp=4, tensor=1, remat="matmuls", scan_layers=False)
+    other_mesh = plan_lib.Candidate(data=1, fsdp=4, tensor=1, remat="matmuls", scan_layers=False)
     assert planner._cannot_win(other_mesh, [none]) == ""
 
 
@@ -180,35 +188,35 @@ def test_a_deep_model_is_searched_on_shallow_compiles_and_confirmed_at_its_depth
     assert row.report.needed_bytes == pytest.approx(full.needed_bytes, rel=1e-6)
     assert row.report.flops_per_device == pytest.approx(full.flops_per_device)
     assert 248 * (1 - 1 / 8) <= row.rows_per_shard <= 248
-    confirmed = planner.confirm(None, row, TOPOLOGY, 1, planner.ReportCache(""), 0.1, compile_at=compiler)
+    confirmed = search_lib.confirm(_spec(), row, compiler)
     assert confirmed.confirmed and confirmed.rows_per_shard == row.rows_per_shard
     assert compiler.calls[-1] == (row.rows_per_shard, 1) and confirmed.report == full
     # Where the full depth needs 1 GiB more than the lines say, the confirmation steps down to what fits.
     heavier = Compiler(flops_per_row=1e9, fixed_traffic=1e9, deep_extra=GIB)
-    confirmed = planner.confirm(None, row, TOPOLOGY, 1, planner.ReportCache(""), 0.1, compile_at=heavier)
+    confirmed = search_lib.confirm(_spec(), row, heavier)
     assert confirmed.confirmed and confirmed.limit == "memory" and len(heavier.calls) == 2
     assert 0.9 * 228 <= confirmed.rows_per_shard <= 228  # (14.4 - 3 GiB) / 0.05 GiB per row
-    assert planner.fits_with_headroom(confirmed.report, 0.1)
-    assert not planner.fits_with_headroom(confirmed.not_fitting, 0.1)
+    assert estimate_lib.fits_with_headroom(confirmed.report, 0.1)
+    assert not estimate_lib.fits_with_headroom(confirmed.not_fitting, 0.1)
 
 
 def test_a_compiler_crash_costs_its_candidate_not_the_plan(monkeypatch):
-    crashed = planner.Candidate(data=1, fsdp=4, tensor=1, remat="none", scan_layers=False)
+    crashed = plan_lib.Candidate(data=1, fsdp=4, tensor=1, remat="none", scan_layers=False)
     searched = []
 
-    def search(config, candidate, *args, **kwargs):
+    def search(spec, candidate, *args, **kwargs):
         searched.append(candidate)
         if candidate == crashed:
-            raise planner.CompilerCrashedError("XLA's compiler crashed (the compiling process died)")
-        return planner.PlanRow(candidate, 64, _report(64), None, 2, limit="throughput", seconds=0.1)
+            raise CompilerCrashedError("XLA's compiler crashed (the compiling process died)")
+        return plan_lib.PlanRow(candidate, 64, _report(64), None, 2, limit="throughput", seconds=0.1)
 
-    monkeypatch.setattr(planner, "search", search)
-    monkeypatch.setattr(aot, "topology_devices", lambda topology, num_slices: [None] * 4)
+    monkeypatch.setattr(search_lib, "search", search)
+    monkeypatch.setattr(compiling, "topology_devices", lambda topology, num_slices: [None] * 4)
     config = type("Config", (), {"model": type("Model", (), {"num_heads": 2})})()
-    rows = planner.plan(config, TOPOLOGY, remats=("none",), scans=(False,))
+    rows = planner.plan(plan_lib.PlanSpec(config, TOPOLOGY, remats=("none",), scans=(False,)))
     assert [row.candidate for row in rows] == searched and crashed in searched and len(rows) == 3
     (skipped,) = [row for row in rows if row.candidate == crashed]
     assert not skipped.fits and skipped.limit == "skipped: XLA's compiler crashed (the compiling process died)"
-    assert planner.best(rows).fits
+    assert plan_lib.best(rows).fits
     assert "not searched, XLA's compiler crashed (the compiling process died): 1,4,1 none off" in \
-        planner.format_plan(rows, 0.1, 0, V5E)
+        plan_lib.format_plan(rows, 0.1, 0, V5E)

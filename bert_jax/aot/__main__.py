@@ -13,6 +13,7 @@ from ml_collections import config_flags
 from bert_jax import aot
 from bert_jax import model as model_lib
 from bert_jax import runtime
+from bert_jax.aot import plan as plan_lib
 from bert_jax.aot import planner
 
 FLAGS = flags.FLAGS
@@ -31,7 +32,7 @@ def _define_flags() -> None:
     flags.DEFINE_integer("plan_batch", 0, "--plan: the global batch per optimizer step to reach (e.g. BERT's 256), by "
                          "the largest micro-batch that fits and gradient accumulation; 0: the batch is free (the "
                          "largest that fits, or where a larger one would add less than --plan_saturation).")
-    flags.DEFINE_float("plan_saturation", planner.SATURATION, "--plan without --plan_batch: stop growing the batch "
+    flags.DEFINE_float("plan_saturation", plan_lib.SATURATION, "--plan without --plan_batch: stop growing the batch "
                        "once the predicted throughput reaches this fraction of its limit at an unbounded batch "
                        "(1: the largest batch that fits).")
     flags.DEFINE_float("plan_headroom", 0.1, "--plan: the fraction of HBM a configuration must leave free.")
@@ -39,9 +40,9 @@ def _define_flags() -> None:
                        "less than the chip's when something else shares it.")
     flags.DEFINE_list("plan_meshes", [], "--plan: the DATAxFSDPxTENSOR splits of a slice to try, e.g. 256x1x1,1x256x1 "
                       "(default: pure data, full FSDP, FSDP in groups of 8, FSDP with 2- and 4-way tensor).")
-    flags.DEFINE_float("plan_resolution", planner.RESOLUTION, "--plan: bisect until the batch found is known to "
+    flags.DEFINE_float("plan_resolution", plan_lib.RESOLUTION, "--plan: bisect until the batch found is known to "
                        "within this fraction of itself.")
-    flags.DEFINE_list("plan_remat", list(planner.REMAT_CANDIDATES), "--plan: the remat policies to try.")
+    flags.DEFINE_list("plan_remat", list(plan_lib.REMAT_CANDIDATES), "--plan: the remat policies to try.")
     flags.DEFINE_list("plan_scan", ["off", "on"], "--plan: model.scan_layers settings to try (off, on); on is "
                       "searched only where off does not fit, as a scanned step is no faster.")
     flags.DEFINE_string("plan_cache_dir", os.path.join(os.path.expanduser("~"), ".cache", "bert_jax", "aot"),
@@ -89,9 +90,12 @@ def _plan() -> None:
             raise app.UsageError(f"--plan_meshes: {mesh!r} is not DATAxFSDPxTENSOR, e.g. 64x4x1")
         meshes.append(tuple(int(size) for size in mesh.split("x")))
     try:
-        planner.run(FLAGS.config, FLAGS.topology[0], FLAGS.num_slices, FLAGS.plan_cache_dir, FLAGS.plan_headroom,
-                    FLAGS.plan_remat, [scans[scan] for scan in FLAGS.plan_scan], int(FLAGS.plan_hbm_gib * aot.GIB),
-                    meshes, FLAGS.plan_resolution, saturation=FLAGS.plan_saturation, target_batch=FLAGS.plan_batch)
+        spec = plan_lib.PlanSpec(
+            FLAGS.config, FLAGS.topology[0], FLAGS.num_slices, headroom=FLAGS.plan_headroom,
+            hbm_bytes=int(FLAGS.plan_hbm_gib * aot.GIB), remats=tuple(FLAGS.plan_remat),
+            scans=tuple(scans[scan] for scan in FLAGS.plan_scan), meshes=tuple(meshes) or None,
+            resolution=FLAGS.plan_resolution, saturation=FLAGS.plan_saturation, target_batch=FLAGS.plan_batch)
+        planner.run(spec, FLAGS.plan_cache_dir)
     except ValueError as error:
         raise app.UsageError(str(error)) from None
     except aot.LibtpuMissingError as error:

@@ -118,6 +118,7 @@ def test_finetuning_learns_a_keyword_task_sharded_over_a_2x2x2_mesh(task, tmp_pa
     assert np.abs(np.asarray(params["classifier"]["bias"])).max() > 0  # trained, not the zero initialisation
 
 
+@pytest.mark.slow  # two runs in one workdir, a checkpoint each step
 def test_parameters_whose_own_loss_is_not_finite_are_never_saved(task, tmp_path):
     """A run resumed from its checkpoint at step 1 takes one step at a huge rate, which leaves finite parameters
     that give a NaN loss: they are judged on the next training batch and not saved (WORKDIR/finetuned stays as the
@@ -148,6 +149,7 @@ def test_parameters_whose_own_loss_is_not_finite_are_never_saved(task, tmp_path)
             "it") in str(raised.value)
 
 
+@pytest.mark.slow  # two runs in one workdir, a checkpoint each step
 def test_a_diverged_finetuning_step_names_the_newest_verified_checkpoint_and_rewinds_past_it(task, tmp_path,
                                                                                             monkeypatch, caplog):
     """As in pretraining (bert_jax.loop): the batch at input position 3 has NaN weights, so step 4 goes non-finite;

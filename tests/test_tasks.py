@@ -44,6 +44,8 @@ def test_every_task_name_round_trips_through_the_recipe_the_registry_and_task_js
     assert tasks.NAMES == ("sequence", "tokens", "qa")
     assert finetune_configs.TASKS == tasks.NAMES  # the recipe spells them without importing the tasks' code
     assert tuple(finetune_benchmark.TASKS) == tasks.NAMES  # --task=NAME
+    # The file format the benchmark writes for a task is one that task reads (sequence: the default, auto).
+    assert all(tasks.task_class(name).formats == (fmt,) for name, fmt in finetune_benchmark.FILE_FORMATS.items())
     tokenizer = _tokenizer(tmp_path)
     for name in tasks.NAMES:
         config = finetune_configs.get_config(f"task={name}")

@@ -72,6 +72,8 @@ _SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 TASKS = {"sequence": ("train.csv", "BertForSequenceClassification"),
          "tokens": ("train.conll", "BertForTokenClassification"),
          "qa": ("train.json", "BertForQuestionAnswering")}
+# The one file format bert_jax.tasks reads for these tasks (importing the tasks would load jax into the torch side).
+FILE_FORMATS = {"tokens": "conll", "qa": "squad"}
 # CoNLL-2003's 9 tags, IOB2.
 _ENTITIES = ("PER", "ORG", "LOC", "MISC")
 
@@ -141,11 +143,10 @@ def write_task(directory: str, examples: int, vocab_size: int, seed: int = 0,
 def task_config(vocab_path: str, train_path: str, task: str = "sequence"):
     """The fine-tuning job's defaults (bert_jax.presets, as configs/finetune.py starts from them) with the
     benchmark's task, shape, data, steps and learning rate; no evaluation."""
-    from bert_jax import tasks  # pylint: disable=import-outside-toplevel
     config = presets.finetuning_config("mini")
     config.task = task
-    if task != "sequence":  # as configs/finetune.py's task=tokens and task=qa set it: their one file format
-        [config.data.format] = tasks.task_class(task).formats
+    if task in FILE_FORMATS:  # as configs/finetune.py's task=tokens and task=qa set it
+        config.data.format = FILE_FORMATS[task]
     model = config.model
     model.num_layers, model.hidden_size, model.num_heads = FLAGS.layers, FLAGS.hidden, FLAGS.heads
     model.intermediate_size, model.vocab_size, model.hidden_act = FLAGS.intermediate, FLAGS.vocab_size, "gelu"

@@ -94,10 +94,10 @@ def load_params(config, model: nn.Module, source: ModelSource, mesh, rules, rng)
 
 def _read_init(config, source: ModelSource, setup: Setup) -> dict:
     """The encoder and pooler parameters `config.init` gives (none without one), sharded as `setup`'s."""
-    abstract, shardings = setup.abstract.params, setup.shardings.params
-    names = [name for name in abstract if model_lib.is_encoder_parameter(name)]
     if not config.init:
         return {}
+    abstract, shardings = setup.abstract.params, setup.shardings.params
+    names = [name for name in abstract if model_lib.is_encoder_parameter(name)]
     if source.host_params is None:
         names = _check_checkpoint_fits(config.init, {name: abstract[name] for name in names})
         loaded, where = checkpoint_lib.restore_params(config.init, {name: abstract[name] for name in names},

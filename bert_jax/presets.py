@@ -73,6 +73,22 @@ def mesh_config() -> ml_collections.ConfigDict:
     return mesh
 
 
+def optim_config(learning_rate: float) -> ml_collections.ConfigDict:
+    """The optimizer section both jobs share; each sets its warmup and accumulation fields."""
+    optim = ml_collections.ConfigDict()
+    optim.optimizer = "adamw"  # "adamw" or "lamb"
+    optim.learning_rate = learning_rate  # peak learning rate, reached at the end of warmup
+    optim.decay = "linear"  # "linear" or "polynomial" decay to end_learning_rate at the last step
+    optim.decay_power = 1.0  # exponent of the polynomial decay
+    optim.end_learning_rate = 0.0  # learning rate at the last step
+    optim.weight_decay = 0.01  # decoupled weight decay; never applied to LayerNorm parameters or biases
+    optim.b1 = 0.9  # Adam/LAMB first-moment decay
+    optim.b2 = 0.999  # Adam/LAMB second-moment decay
+    optim.eps = 1e-6  # Adam/LAMB epsilon
+    optim.max_grad_norm = 1.0  # global-norm clipping; 0 disables it
+    return optim
+
+
 def checkpoint_config(every_steps: int) -> ml_collections.ConfigDict:
     """The checkpoint section: the same fields and meanings for every job (both run bert_jax.loop)."""
     ckpt = ml_collections.ConfigDict()
@@ -123,18 +139,8 @@ def pretraining_config(size: str = "tiny", data_source: str = "corpus") -> ml_co
 
     config.mesh = mesh_config()
 
-    config.optim = optim = ml_collections.ConfigDict()
-    optim.optimizer = "adamw"  # "adamw" or "lamb"
-    optim.learning_rate = 1e-4  # peak learning rate, reached at the end of warmup
+    config.optim = optim = optim_config(learning_rate=1e-4)
     optim.warmup_steps = 10  # linear warmup from 0
-    optim.decay = "linear"  # "linear" or "polynomial" decay to end_learning_rate at train.num_steps
-    optim.decay_power = 1.0  # exponent of the polynomial decay
-    optim.end_learning_rate = 0.0  # learning rate at the last step
-    optim.weight_decay = 0.01  # decoupled weight decay; never applied to LayerNorm parameters or biases
-    optim.b1 = 0.9  # Adam/LAMB first-moment decay
-    optim.b2 = 0.999  # Adam/LAMB second-moment decay
-    optim.eps = 1e-6  # Adam/LAMB epsilon
-    optim.max_grad_norm = 1.0  # global-norm clipping; 0 disables it
     optim.grad_accum_steps = 1  # micro-batches per optimizer step; must divide the per-device batch
 
     config.data = data = ml_collections.ConfigDict()
@@ -238,19 +244,9 @@ def finetuning_config(size: str = "tiny") -> ml_collections.ConfigDict:
 
     config.mesh = mesh_config()  # as in pretraining_config
 
-    config.optim = optim = ml_collections.ConfigDict()
-    optim.optimizer = "adamw"  # "adamw" or "lamb"
-    optim.learning_rate = RECIPES[size][0]  # peak learning rate, reached at the end of warmup
+    config.optim = optim = optim_config(learning_rate=RECIPES[size][0])
     optim.warmup_steps = 0  # linear warmup steps; 0 means warmup_proportion of the run
     optim.warmup_proportion = 0.1  # fraction of the steps spent warming up when warmup_steps is 0
-    optim.decay = "linear"  # "linear" or "polynomial" decay to end_learning_rate at the last step
-    optim.decay_power = 1.0  # exponent of the polynomial decay
-    optim.end_learning_rate = 0.0  # learning rate at the last step
-    optim.weight_decay = 0.01  # decoupled weight decay; never applied to LayerNorm parameters or biases
-    optim.b1 = 0.9  # Adam/LAMB first-moment decay
-    optim.b2 = 0.999  # Adam/LAMB second-moment decay
-    optim.eps = 1e-6  # Adam/LAMB epsilon
-    optim.max_grad_norm = 1.0  # global-norm clipping; 0 disables it
     optim.grad_accum_steps = 1  # must stay 1: fine-tuning batches are small enough not to need accumulation
 
     config.data = data = ml_collections.ConfigDict()

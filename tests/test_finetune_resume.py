@@ -38,15 +38,7 @@ TRAIN_METRICS = ("loss", "accuracy", "grad_norm", "learning_rate")
 
 
 def _in_process_config(args):
-    """The config the driver builds from `args` (--config=FILE:ARG and --config.SECTION.FIELD=VALUE flags)."""
-    [arg] = [flag.split(":", 1)[1] for flag in args if flag.startswith("--config=")]
-    config = finetune_recipe.get_config(arg)
-    for flag in args:
-        if flag.startswith("--config."):
-            name, value = flag[len("--config."):].split("=", 1)
-            section, field = name.split(".")
-            config[section][field] = type(config[section][field])(value)
-    return config
+    return test_resume._in_process_config(args, finetune_recipe)  # pylint: disable=protected-access
 
 
 def _params(workdir):

@@ -79,10 +79,11 @@ def _wait(processes, log_path, timeout=300):
         assert process.wait(timeout=timeout) == 0, _read(log_path)[-4000:]
 
 
-def _in_process_config(args):
-    """The config the driver builds from `args` (--config=FILE:ARG and --config.SECTION.FIELD=VALUE flags)."""
+def _in_process_config(args, recipe=pretrain):
+    """The config the driver builds from `args` (--config=FILE:ARG and --config.SECTION.FIELD=VALUE flags) with
+    `recipe` (the module FILE names)."""
     [arg] = [flag.split(":", 1)[1] for flag in args if flag.startswith("--config=")]
-    config = pretrain.get_config(arg)
+    config = recipe.get_config(arg)
     for flag in args:
         if flag.startswith("--config."):
             name, value = flag[len("--config."):].split("=", 1)

@@ -14,6 +14,9 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from bert_jax import runtime as _runtime  # noqa: E402
+from tests import compile_cache as _compile_cache  # noqa: E402
+
+_compile_cache.set_up()
 
 # The driver's XLA:CPU options, which its run() sets: the tests compile what the driver runs. JAX reads XLA_FLAGS
 # when its backend starts, after this.
@@ -24,6 +27,9 @@ import logging  # noqa: E402
 import socket  # noqa: E402
 
 import pytest  # noqa: E402
+
+# --profile-json: where the suite's time goes (tests/profile_suite.py).
+pytest_plugins = ["tests.profile_suite"]
 
 
 @pytest.fixture(autouse=True)
@@ -56,7 +62,7 @@ def network_attempts(monkeypatch):
 # run an inner pytest under exactly this scheduling (tests/test_scheduling.py).
 from tests.xdist_scheduling import (  # noqa: E402,F401  (pytest finds hooks by name in a conftest's namespace)
     pytest_configure, pytest_configure_node, pytest_handlecrashitem,
-    pytest_runtest_logstart, pytest_unconfigure, pytest_xdist_make_scheduler)
+    pytest_runtest_logstart, pytest_xdist_make_scheduler)
 from tests import xdist_scheduling  # noqa: E402
 
 # The time limit of a test marked slow that sets none of its own (pytest.ini's `timeout` holds for the rest): the
@@ -84,3 +90,8 @@ def pytest_addoption(parser, pluginmanager):
         group = parser.getgroup("xdist", "pytest-xdist is not loaded: these options are ignored")
         for flags, kwargs in _XDIST_OPTIONS:
             group.addoption(*flags, **kwargs, help="ignored: pytest-xdist is not loaded")
+
+
+def pytest_unconfigure(config):
+    xdist_scheduling.pytest_unconfigure(config)
+    _compile_cache.remove()

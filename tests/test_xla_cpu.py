@@ -43,6 +43,7 @@ print("done")
 def test_programs_freed_while_they_run_do_not_abort_the_process():
     from bert_jax import runtime  # pylint: disable=import-outside-toplevel
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": runtime.with_cpu_xla_flags("")}
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)  # each program compiled afresh, as the abort needed, not fetched
     script = _FREED_WHILE_RUNNING.replace("ITERATIONS", "400")
     result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=280,
                             check=False)

@@ -1,0 +1,174 @@
+"""Where the suite's time goes: a pytest plugin that records it, and a script that prints it.
+
+Record (any pytest run; loaded by tests/conftest.py):
+
+    python -m pytest --profile-json=/tmp/profile.json
+
+Each test's setup, call and teardown seconds, the seconds its own process spent in JAX compilation (tracing, lowering
+to MLIR and the XLA compile or the persistent cache's fetch, from `jax.monitoring`'s duration events), and the
+processes it started (driver subprocesses compile in their own process: their time shows as run time).
+
+Print (one profile, or two side by side):
+
+    python tests/profile_suite.py /tmp/profile.json [/tmp/profile_after.json] [--top 25]
+"""
+
+import argparse
+import collections
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+# jax.monitoring's duration events that make up a compilation in the test's process.
+COMPILE_EVENTS = (
+    "/jax/core/compile/jaxpr_trace_duration",
+    "/jax/core/compile/jaxpr_to_mlir_module_duration",
+    "/jax/core/compile/backend_compile_duration",
+)
+
+_compile_s = [0.0]
+_processes = [0]
+_listening = [False]
+
+
+def _on_duration(event, duration, **kwargs):
+    if event in COMPILE_EVENTS:
+        _compile_s[0] += duration
+
+
+def _count_process(init):
+    def counted(self, *args, **kwargs):
+        _processes[0] += 1
+        return init(self, *args, **kwargs)
+    return counted
+
+
+def pytest_addoption(parser):
+    parser.addoption("--profile-json", default=None, metavar="PATH",
+                     help="write each test's time, its compile seconds and its subprocess count to PATH "
+                          "(print it with `python tests/profile_suite.py PATH`)")
+
+
+def pytest_configure(config):
+    if not config.getoption("profile_json"):
+        return
+    config._profile_suite = {"tests": {}, "started": time.time()}
+    if not _listening[0]:
+        _listening[0] = True
+        from jax import monitoring  # the workers' jax: conftest has set the platform and flags already
+        monitoring.register_event_duration_secs_listener(_on_duration)
+        subprocess.Popen.__init__ = _count_process(subprocess.Popen.__init__)
+
+
+def pytest_runtest_logstart(nodeid, location):
+    _compile_s[0] = 0.0
+    _processes[0] = 0
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_makereport(item, call):
+    # Runs in the process that ran the test (an xdist worker); user_properties travel with the report.
+    if item.config.getoption("profile_json") and call.when == "teardown":
+        item.user_properties.append(("profile_compile_s", round(_compile_s[0], 3)))
+        item.user_properties.append(("profile_processes", _processes[0]))
+
+
+def pytest_runtest_logreport(report):
+    config = _CONFIG[0]
+    if config is None or not hasattr(config, "_profile_suite"):
+        return
+    entry = config._profile_suite["tests"].setdefault(report.nodeid, {"seconds": 0.0, "outcome": "passed"})
+    entry["seconds"] = round(entry["seconds"] + report.duration, 3)
+    if report.failed:
+        entry["outcome"] = "failed"
+    elif report.skipped and report.when == "setup":
+        entry["outcome"] = "skipped"
+    for name, value in report.user_properties:
+        if name == "profile_compile_s":
+            entry["compile_s"] = value
+        elif name == "profile_processes":
+            entry["processes"] = value
+
+
+_CONFIG = [None]
+
+
+def pytest_sessionstart(session):
+    _CONFIG[0] = session.config
+
+
+def pytest_sessionfinish(session):
+    config = session.config
+    path = config.getoption("profile_json")
+    if not path or hasattr(config, "workerinput") or not hasattr(config, "_profile_suite"):
+        return
+    data = config._profile_suite
+    data["wall_s"] = round(time.time() - data.pop("started"), 1)
+    with open(path, "w") as f:
+        json.dump(data, f, indent=1, sort_keys=True)
+
+
+# ---- printing -------------------------------------------------------------------------------------------------------
+
+def _module(nodeid):
+    return nodeid.split("::")[0]
+
+
+def _by_module(tests):
+    modules = collections.defaultdict(lambda: {"seconds": 0.0, "compile_s": 0.0, "tests": 0, "processes": 0})
+    for nodeid, entry in tests.items():
+        m = modules[_module(nodeid)]
+        m["seconds"] += entry["seconds"]
+        m["compile_s"] += entry.get("compile_s", 0.0)
+        m["processes"] += entry.get("processes", 0)
+        m["tests"] += 1
+    return modules
+
+
+def _table(title, rows, top):
+    print(f"\n{title}")
+    print(f"{'seconds':>9} {'compile':>8} {'run':>8} {'procs':>5} {'tests':>5}  name")
+    for name, r in sorted(rows.items(), key=lambda kv: -kv[1]["seconds"])[:top]:
+        print(f"{r['seconds']:9.1f} {r.get('compile_s', 0.0):8.1f} {r['seconds'] - r.get('compile_s', 0.0):8.1f} "
+              f"{r.get('processes', 0):5d} {r.get('tests', 1):5d}  {name}")
+
+
+def _summary(label, data):
+    tests = data["tests"]
+    total = sum(e["seconds"] for e in tests.values())
+    compile_s = sum(e.get("compile_s", 0.0) for e in tests.values())
+    outcomes = collections.Counter(e["outcome"] for e in tests.values())
+    print(f"{label}: {len(tests)} tests ({dict(outcomes)}), wall {data.get('wall_s', 0):.0f} s, "
+          f"{total:.0f} worker-seconds of which {compile_s:.0f} compiling in the test's process, "
+          f"{sum(e.get('processes', 0) for e in tests.values())} subprocesses started")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("profiles", nargs="+", help="one profile, or before and after")
+    parser.add_argument("--top", type=int, default=25)
+    args = parser.parse_args(argv)
+    loaded = []
+    for path in args.profiles:
+        with open(path) as f:
+            loaded.append((os.path.basename(path), json.load(f)))
+    for label, data in loaded:
+        _summary(label, data)
+    for label, data in loaded:
+        _table(f"{label}: modules", _by_module(data["tests"]), args.top)
+        _table(f"{label}: tests", data["tests"], args.top)
+    if len(loaded) == 2:
+        (_, before), (_, after) = loaded
+        b, a = _by_module(before["tests"]), _by_module(after["tests"])
+        print(f"\nmodules side by side (worker-seconds)\n{'before':>9} {'after':>9} {'saved':>9}  module")
+        for name in sorted(set(b) | set(a), key=lambda n: -b.get(n, {"seconds": 0})["seconds"]):
+            sb, sa = b.get(name, {"seconds": 0.0})["seconds"], a.get(name, {"seconds": 0.0})["seconds"]
+            print(f"{sb:9.1f} {sa:9.1f} {sb - sa:9.1f}  {name}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -2,11 +2,11 @@
 
 Record (any pytest run; loaded by tests/conftest.py):
 
-    python -m pytest --profile-json=/tmp/profile.json
+    python -m pytest --profile-json=/tmp/profile.json      (or PYTEST_ADDOPTS=--profile-json=... .ci/run)
 
 Each test's setup, call and teardown seconds, the seconds its own process spent in JAX compilation (tracing, lowering
-to MLIR and the XLA compile or the persistent cache's fetch, from `jax.monitoring`'s duration events), and the
-processes it started (driver subprocesses compile in their own process: their time shows as run time).
+to MLIR and the XLA compile or the persistent cache's fetch, from `jax.monitoring`'s duration events), the persistent
+compilation cache's hits and misses there (tests/compile_cache.py), and the processes it started (driver subprocesses compile in their own process: their time shows as run time).
 
 Print (one profile, or two side by side):
 
@@ -32,12 +32,21 @@ COMPILE_EVENTS = (
 
 _compile_s = [0.0]
 _processes = [0]
+_cache = {"hits": 0, "misses": 0}  # the persistent compilation cache's answers in the test's process
 _listening = [False]
 
 
 def _on_duration(event, duration, **kwargs):
     if event in COMPILE_EVENTS:
         _compile_s[0] += duration
+
+
+def _on_event(event, **kwargs):
+    del kwargs
+    if event.startswith("/jax/compilation_cache/cache_"):
+        kind = event.rsplit("_", 1)[-1]
+        if kind in _cache:
+            _cache[kind] += 1
 
 
 def _count_process(init):
@@ -61,12 +70,14 @@ def pytest_configure(config):
         _listening[0] = True
         from jax import monitoring  # the workers' jax: conftest has set the platform and flags already
         monitoring.register_event_duration_secs_listener(_on_duration)
+        monitoring.register_event_listener(_on_event)
         subprocess.Popen.__init__ = _count_process(subprocess.Popen.__init__)
 
 
 def pytest_runtest_logstart(nodeid, location):
     _compile_s[0] = 0.0
     _processes[0] = 0
+    _cache.update(hits=0, misses=0)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -75,6 +86,7 @@ def pytest_runtest_makereport(item, call):
     if item.config.getoption("profile_json") and call.when == "teardown":
         item.user_properties.append(("profile_compile_s", round(_compile_s[0], 3)))
         item.user_properties.append(("profile_processes", _processes[0]))
+        item.user_properties.append(("profile_cache", dict(_cache)))
 
 
 def pytest_runtest_logreport(report):
@@ -92,6 +104,8 @@ def pytest_runtest_logreport(report):
             entry["compile_s"] = value
         elif name == "profile_processes":
             entry["processes"] = value
+        elif name == "profile_cache":
+            entry["cache"] = value
 
 
 _CONFIG = [None]
@@ -108,6 +122,11 @@ def pytest_sessionfinish(session):
         return
     data = config._profile_suite
     data["wall_s"] = round(time.time() - data.pop("started"), 1)
+    # Never over another run's profile (PYTEST_ADDOPTS reaches every pytest of a script): PATH.2, PATH.3, ...
+    taken, n = path, 1
+    while os.path.exists(path):
+        n += 1
+        path = f"{taken}.{n}"
     with open(path, "w") as f:
         json.dump(data, f, indent=1, sort_keys=True)
 
@@ -142,9 +161,12 @@ def _summary(label, data):
     total = sum(e["seconds"] for e in tests.values())
     compile_s = sum(e.get("compile_s", 0.0) for e in tests.values())
     outcomes = collections.Counter(e["outcome"] for e in tests.values())
+    hits = sum(e.get("cache", {}).get("hits", 0) for e in tests.values())
+    misses = sum(e.get("cache", {}).get("misses", 0) for e in tests.values())
     print(f"{label}: {len(tests)} tests ({dict(outcomes)}), wall {data.get('wall_s', 0):.0f} s, "
           f"{total:.0f} worker-seconds of which {compile_s:.0f} compiling in the test's process, "
-          f"{sum(e.get('processes', 0) for e in tests.values())} subprocesses started")
+          f"{sum(e.get('processes', 0) for e in tests.values())} subprocesses started; persistent compilation cache "
+          f"in the tests' processes: {hits} hits, {misses} misses")
 
 
 def main(argv=None):

@@ -8,6 +8,13 @@ import functools
 import os
 import sys
 
+if __name__ == "__main__":
+    # A CPU run re-executes itself once for glibc's allocator (runtime.with_cpu_glibc_tunables): done before the
+    # job's imports below (TensorFlow, Flax, Orbax), which the exec would throw away, not after them in run().
+    from bert_jax import runtime as _runtime
+    _runtime.set_up_jax()
+    _runtime.with_cpu_glibc_tunables(__file__)
+
 from absl import app
 from absl import flags
 from absl import logging

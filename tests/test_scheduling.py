@@ -66,7 +66,8 @@ def test_dead_workers_fail_only_their_test_with_their_last_output_and_the_run_en
     for name, source in _INNER.items():
         (tmp_path / name).write_text(textwrap.dedent(source))
     (tmp_path / "pytest.ini").write_text("[pytest]\n")  # not the outer suite's options
-    env = {**os.environ, "PYTHONPATH": ROOT}
+    # Nor the outer run's PYTEST_ADDOPTS (e.g. --profile-json, an option of the outer suite's conftest).
+    env = {**{k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}, "PYTHONPATH": ROOT}
     junit = tmp_path / "junit.xml"
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "tests.xdist_scheduling", "--numprocesses=2", "--dist=loadgroup",

@@ -30,30 +30,39 @@ COMPILE_EVENTS = (
     "/jax/core/compile/backend_compile_duration",
 )
 
-_compile_s = [0.0]
-_processes = [0]
-_cache = {"hits": 0, "misses": 0}  # the persistent compilation cache's answers in the test's process
-_listening = [False]
+class _Recorder:
+    """What this process records of the test it runs (counters reset at each test's start), and, in the process that
+    reports (the xdist controller, or the only process), every test's entry."""
 
+    def __init__(self):
+        self.listening = False
+        self.config = None
+        self.tests = {}
+        self.started = time.time()
+        self.reset()
 
-def _on_duration(event, duration, **kwargs):
-    if event in COMPILE_EVENTS:
-        _compile_s[0] += duration
+    def reset(self):
+        self.compile_s, self.processes, self.cache = 0.0, 0, {"hits": 0, "misses": 0}
 
+    def on_duration(self, event, duration, **kwargs):
+        del kwargs
+        if event in COMPILE_EVENTS:
+            self.compile_s += duration
 
-def _on_event(event, **kwargs):
-    del kwargs
-    if event.startswith("/jax/compilation_cache/cache_"):
+    def on_event(self, event, **kwargs):
+        del kwargs
         kind = event.rsplit("_", 1)[-1]
-        if kind in _cache:
-            _cache[kind] += 1
+        if event.startswith("/jax/compilation_cache/cache_") and kind in self.cache:
+            self.cache[kind] += 1
+
+    def count_processes(self, init):
+        def counted(popen, *args, **kwargs):
+            self.processes += 1
+            return init(popen, *args, **kwargs)
+        return counted
 
 
-def _count_process(init):
-    def counted(self, *args, **kwargs):
-        _processes[0] += 1
-        return init(self, *args, **kwargs)
-    return counted
+_RECORDER = _Recorder()
 
 
 def pytest_addoption(parser):
@@ -65,70 +74,54 @@ def pytest_addoption(parser):
 def pytest_configure(config):
     if not config.getoption("profile_json"):
         return
-    config._profile_suite = {"tests": {}, "started": time.time()}
-    if not _listening[0]:
-        _listening[0] = True
+    _RECORDER.config = config
+    if not _RECORDER.listening:
+        _RECORDER.listening = True
         from jax import monitoring  # the workers' jax: conftest has set the platform and flags already
-        monitoring.register_event_duration_secs_listener(_on_duration)
-        monitoring.register_event_listener(_on_event)
-        subprocess.Popen.__init__ = _count_process(subprocess.Popen.__init__)
+        monitoring.register_event_duration_secs_listener(_RECORDER.on_duration)
+        monitoring.register_event_listener(_RECORDER.on_event)
+        subprocess.Popen.__init__ = _RECORDER.count_processes(subprocess.Popen.__init__)
 
 
 def pytest_runtest_logstart(nodeid, location):
-    _compile_s[0] = 0.0
-    _processes[0] = 0
-    _cache.update(hits=0, misses=0)
+    del nodeid, location
+    _RECORDER.reset()
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_makereport(item, call):
     # Runs in the process that ran the test (an xdist worker); user_properties travel with the report.
-    if item.config.getoption("profile_json") and call.when == "teardown":
-        item.user_properties.append(("profile_compile_s", round(_compile_s[0], 3)))
-        item.user_properties.append(("profile_processes", _processes[0]))
-        item.user_properties.append(("profile_cache", dict(_cache)))
+    if _RECORDER.config is not None and call.when == "teardown":
+        item.user_properties.append(("profile", {"compile_s": round(_RECORDER.compile_s, 3),
+                                                 "processes": _RECORDER.processes, "cache": dict(_RECORDER.cache)}))
 
 
 def pytest_runtest_logreport(report):
-    config = _CONFIG[0]
-    if config is None or not hasattr(config, "_profile_suite"):
+    if _RECORDER.config is None:
         return
-    entry = config._profile_suite["tests"].setdefault(report.nodeid, {"seconds": 0.0, "outcome": "passed"})
+    entry = _RECORDER.tests.setdefault(report.nodeid, {"seconds": 0.0, "outcome": "passed"})
     entry["seconds"] = round(entry["seconds"] + report.duration, 3)
     if report.failed:
         entry["outcome"] = "failed"
     elif report.skipped and report.when == "setup":
         entry["outcome"] = "skipped"
     for name, value in report.user_properties:
-        if name == "profile_compile_s":
-            entry["compile_s"] = value
-        elif name == "profile_processes":
-            entry["processes"] = value
-        elif name == "profile_cache":
-            entry["cache"] = value
-
-
-_CONFIG = [None]
-
-
-def pytest_sessionstart(session):
-    _CONFIG[0] = session.config
+        if name == "profile":
+            entry.update(value)
 
 
 def pytest_sessionfinish(session):
-    config = session.config
-    path = config.getoption("profile_json")
-    if not path or hasattr(config, "workerinput") or not hasattr(config, "_profile_suite"):
+    path = session.config.getoption("profile_json")
+    if not path or hasattr(session.config, "workerinput"):
         return
-    data = config._profile_suite
-    data["wall_s"] = round(time.time() - data.pop("started"), 1)
     # Never over another run's profile (PYTEST_ADDOPTS reaches every pytest of a script): PATH.2, PATH.3, ...
     taken, n = path, 1
     while os.path.exists(path):
         n += 1
         path = f"{taken}.{n}"
     with open(path, "w") as f:
-        json.dump(data, f, indent=1, sort_keys=True)
+        json.dump({"tests": _RECORDER.tests, "wall_s": round(time.time() - _RECORDER.started, 1)}, f, indent=1,
+                  sort_keys=True)
 
 
 # ---- printing -------------------------------------------------------------------------------------------------------

@@ -42,6 +42,7 @@ def initialize_distributed(coordinator_address: str = "", num_processes: int = 0
                              f"(got {coordinator_address!r}, {num_processes}, {process_id})")
         jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes,
                                    process_id=process_id, heartbeat_timeout_seconds=heartbeat_timeout_s)
+        _without_a_cpu_compilation_cache()
         return
     tpu_hosts = [h for h in os.environ.get("TPU_WORKER_HOSTNAMES", "").split(",") if h]
     # Several slices (launch/tpu.sh --num-slices sets it): one job even when each slice has a single host.
@@ -50,6 +51,17 @@ def initialize_distributed(coordinator_address: str = "", num_processes: int = 0
     mpi_tasks = int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1") or 1)
     if len(tpu_hosts) > 1 or tpu_slices > 1 or slurm_tasks > 1 or mpi_tasks > 1:
         jax.distributed.initialize(heartbeat_timeout_seconds=heartbeat_timeout_s)
+        _without_a_cpu_compilation_cache()
+
+
+def _without_a_cpu_compilation_cache() -> None:
+    """Several CPU processes compile afresh: with jaxlib 0.10.2 a pair whose programs came from JAX's persistent
+    compilation cache failed at its first step ("Gloo context initialization failed ... GetKeyValue() timed out")."""
+    if jax.config.jax_compilation_cache_dir and jax.default_backend() == "cpu":
+        logging.warning("JAX_COMPILATION_CACHE_DIR=%s is not used: several CPU processes compile their own programs "
+                        "(a cached program failed their collectives with jaxlib 0.10.2)",
+                        jax.config.jax_compilation_cache_dir)
+        jax.config.update("jax_enable_compilation_cache", False)
 
 
 def all_processes_agree(ok: bool) -> bool:

@@ -56,20 +56,18 @@ def _env(devices):
                 XLA_FLAGS=" ".join([*flags, f"--xla_force_host_platform_device_count={devices}"]))
 
 
-def _start(workdir, args, log_path, devices=8, extra=(), env=None):
+def _start(workdir, args, log_path, devices=8, extra=()):
     with open(log_path, "a") as log:
         return subprocess.Popen([sys.executable, "-m", "bert_jax.main", f"--workdir={workdir}", *args, *extra],
-                                cwd=helpers.ROOT, env=env or _env(devices), stdout=log, stderr=subprocess.STDOUT)
+                                cwd=helpers.ROOT, env=_env(devices), stdout=log, stderr=subprocess.STDOUT)
 
 
 def _start_pair(workdir, args, log_path):
     port = _free_port()
-    # Without the suite's compilation cache (tests/compile_cache.py): with jaxlib 0.10.2 a pair whose programs came
-    # from it failed at its first step (CPU collectives: "Gloo context initialization failed ... GetKeyValue() timed
-    # out"); each process compiles its own, as a pair started without a cache does.
-    env = {name: value for name, value in _env(4).items() if name != "JAX_COMPILATION_CACHE_DIR"}
-    return [_start(workdir, args, log_path, extra=(f"--coordinator_address=localhost:{port}", "--num_processes=2",
-                                                   f"--process_id={index}"), env=env)
+    # The suite's compilation cache reaches them too: the driver does not use it for several CPU processes
+    # (sharding._without_a_cpu_compilation_cache).
+    return [_start(workdir, args, log_path, devices=4, extra=(f"--coordinator_address=localhost:{port}",
+                                                              "--num_processes=2", f"--process_id={index}"))
             for index in range(2)]
 
 

@@ -9,8 +9,7 @@ run ends, so no run reads another's programs.
 A cached program can only stand in for the same program: JAX's key (jax/_src/cache_key.py) hashes the lowered module,
 the compile options (devices, partitions), the platform and its version, and XLA_FLAGS/LIBTPU_INIT_ARGS, so the AVX
 pass and a test that sets its own XLA flags compile afresh. A user's own JAX_COMPILATION_CACHE_DIR is left as it is.
-Two driver processes forming one mesh start without it (tests/test_resume.py: their programs from it failed at the
-first step's CPU collectives with jaxlib 0.10.2).
+Driver processes that form one CPU mesh together do not use it (the driver turns it off: bert_jax/sharding.py).
 """
 
 import os

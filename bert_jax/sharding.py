@@ -57,7 +57,7 @@ def initialize_distributed(coordinator_address: str = "", num_processes: int = 0
 def _without_a_cpu_compilation_cache() -> None:
     """Several CPU processes compile afresh: with jaxlib 0.10.2 a pair whose programs came from JAX's persistent
     compilation cache failed at its first step ("Gloo context initialization failed ... GetKeyValue() timed out")."""
-    if jax.config.jax_compilation_cache_dir and jax.default_backend() == "cpu":
+    if jax.config.jax_compilation_cache_dir and jax.process_count() > 1 and jax.default_backend() == "cpu":
         logging.warning("JAX_COMPILATION_CACHE_DIR=%s is not used: several CPU processes compile their own programs "
                         "(a cached program failed their collectives with jaxlib 0.10.2)",
                         jax.config.jax_compilation_cache_dir)

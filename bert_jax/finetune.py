@@ -370,9 +370,9 @@ def finetune(config, workdir: str) -> TrainResult:
         if not result.metrics and config.data.eval_file:  # a finished run, rerun: its scores again
             result.metrics = dict(job.evaluate(state.params), step=int(state.step))
         _write_model_files(output_dir, task, config.train.encoder, source.model_config, tokenizer)
-        with ocp.StandardCheckpointer() as saver:
-            saver.save(epath.Path(output_dir) / checkpoint_lib.STATE_ITEM, {"train_state": {"params": state.params}},
-                       force=True)
+        with ocp.Checkpointer(checkpoint_lib.tree_handler()) as saver:
+            saver.save(epath.Path(output_dir) / checkpoint_lib.STATE_ITEM,
+                       args=ocp.args.PyTreeSave({"train_state": {"params": state.params}}), force=True)
     logging.info("fine-tuned parameters saved to %s (classes in %s)", output_dir, LABELS_FILE)
     if job.predicted is not None and jax.process_index() == 0:
         task.write_predictions(workdir, job.predicted)

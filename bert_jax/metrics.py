@@ -1,11 +1,15 @@
 """What a run reports: the log line, TensorBoard scalars and metrics.jsonl, evaluation summaries, and MFU (the
 model's FLOPs per sequence, the device's peak)."""
 
+import itertools
 import json
 import math
 import os
+import socket
+import time
 
 import jax
+import numpy as np
 
 from bert_jax import fileio
 from bert_jax import model as model_lib
@@ -91,6 +95,42 @@ def format_duration(seconds: float) -> str:
     return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
 
+_EVENT_FILES = itertools.count()  # tells apart the event files one process opens within a second
+
+
+class _EventWriter:
+    """A TensorBoard event file of scalars as TensorFlow's tf.summary.scalar writes them (a float32 tensor for the
+    scalars plugin, in TFRecord framing), written without importing TensorFlow on local disk (seconds at every start
+    of the driver; absent from many GPU images)."""
+
+    def __init__(self, directory: str):
+        from tensorboard.compat.proto import event_pb2  # pylint: disable=import-outside-toplevel
+        self._event_pb2 = event_pb2
+        fileio.makedirs(directory)
+        name = (f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}.{os.getpid()}.{next(_EVENT_FILES)}"
+                ".v2")
+        self._file = tfrecord.TFRecordWriter(fileio.join(directory, name))
+        self._write(event_pb2.Event(file_version="brain.Event:2"))
+
+    def _write(self, event) -> None:
+        event.wall_time = time.time()
+        self._file.write(event.SerializeToString())
+
+    def scalar(self, name: str, value, step: int) -> None:
+        from tensorboard.plugins.scalar import summary_v2  # pylint: disable=import-outside-toplevel
+        summary = summary_v2.scalar_pb(name, float(value))
+        tensor = summary.value[0].tensor
+        tensor.ClearField("float_val")  # the value's bytes instead, as TensorFlow writes it
+        tensor.tensor_content = np.float32(value).tobytes()
+        self._write(self._event_pb2.Event(step=int(step), summary=summary))
+
+    def flush(self) -> None:
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
 class MetricWriter:
     """Log lines, TensorBoard scalars and a metrics.jsonl in the workdir (local or gs://; process 0 only).
 
@@ -104,14 +144,13 @@ class MetricWriter:
                  resume_step: int | None = None):
         self.enabled = jax.process_index() == 0
         if self.enabled:
-            from flax.metrics import tensorboard  # imported lazily: it pulls in TensorFlow's summary ops
             fileio.makedirs(workdir)
             jsonl_path = fileio.join(workdir, jsonl_name)
             tensorboard_dir = fileio.join(workdir, tensorboard_subdir)
             if resume_step is not None:
                 drop_jsonl_records_after(jsonl_path, resume_step)
                 drop_events_after(tensorboard_dir, resume_step)  # before this run's own event file exists
-            self._summary = tensorboard.SummaryWriter(tensorboard_dir)
+            self._summary = _EventWriter(tensorboard_dir)
             self._jsonl = fileio.open_file(jsonl_path, "a")
 
     def write(self, step: int, scalars: dict[str, float]) -> None:

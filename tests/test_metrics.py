@@ -3,10 +3,15 @@
 import glob
 import json
 import os
+import subprocess
+import sys
 
 import jax
+import numpy as np
 
 from bert_jax import metrics as metrics_lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def jsonl_records(path):
@@ -110,3 +115,37 @@ def test_log_line_shows_a_small_learning_rate_and_the_record_count():
     line = metrics_lib.log_line(10, 20, scalars, steps_per_second=0.0)
     assert line == ("step 10/20 | loss 7.5000 mlm 6.8000 nsp 0.7000 | mlm_acc 0.1000 nsp_acc 0.5000 | grad_norm 1.250 "
                     "lr 2e-05 | eval_mlm_loss 6.5000 | eval_records 1517")
+
+
+def test_tensorboard_events_are_the_ones_tensorflow_writes_and_need_no_tensorflow(tmp_path):
+    """The event file MetricWriter writes holds, event for event, what TensorFlow's tf.summary.scalar writes for the
+    same scalars (the writer's name and the times aside), and writing it imports no TensorFlow."""
+    script = ("import sys; from bert_jax import metrics; writer = metrics.MetricWriter(sys.argv[1]); "
+              "writer.write(1, {'loss': 6.8343, 'learning_rate': 0.0}); writer.write(2, {'loss': 6.5, "
+              "'learning_rate': 5e-05}); writer.close(); assert 'tensorflow' not in sys.modules, 'TF imported'")
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    result = subprocess.run([sys.executable, "-c", script, str(tmp_path / "ours")], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    theirs = tf.summary.create_file_writer(str(tmp_path / "theirs"))
+    with theirs.as_default():
+        for step, scalars in ((1, {"loss": 6.8343, "learning_rate": 0.0}), (2, {"loss": 6.5, "learning_rate": 5e-05})):
+            for name, value in scalars.items():
+                tf.summary.scalar(name, value, step=step)
+    theirs.close()
+
+    def events(directory):
+        [path] = glob.glob(os.path.join(directory, "*tfevents*"))
+        read = list(tf.compat.v1.train.summary_iterator(path))
+        for event in read:
+            event.wall_time = 0
+            event.ClearField("source_metadata")  # the writer's name
+        return read
+
+    ours, expected = events(tmp_path / "ours" / "tensorboard"), events(tmp_path / "theirs")
+    assert len(ours) == len(expected) == 5
+    assert ours == expected, (ours, expected)
+    assert tensorboard_scalars(str(tmp_path / "ours" / "tensorboard")) == {
+        "loss": [(1, float(np.float32(6.8343))), (2, 6.5)], "learning_rate": [(1, 0.0), (2, float(np.float32(5e-05)))]}

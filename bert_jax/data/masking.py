@@ -8,8 +8,7 @@ read of a record gets fresh masks and a run is reproducible from its seed.
 import numpy as np
 import tensorflow as tf
 
-# Special ids of the original BERT WordPiece vocabularies.
-PAD_ID, CLS_ID, SEP_ID, MASK_ID = 0, 101, 102, 103
+from bert_jax.data.tokenization import CLS_ID, MASK_ID, PAD_ID, SEP_ID  # noqa: F401  (re-exported)
 
 
 def restore_original_tokens(batch: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:

@@ -178,6 +178,7 @@ class TFRecordWriter:
         else:
             self._writer = open(path, "wb")  # pylint: disable=consider-using-with
             self.write = lambda record: self._writer.write(frame_record(record))
+        self.flush = self._writer.flush
 
     def close(self) -> None:
         self._writer.close()

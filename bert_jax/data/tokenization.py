@@ -30,6 +30,8 @@ from bert_jax import fileio
 from bert_jax.data import basic_tokenizer
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+# Special ids of the original BERT WordPiece vocabularies.
+PAD_ID, CLS_ID, SEP_ID, MASK_ID = 0, 101, 102, 103
 CONFIG_FILE = "tokenizer_config.json"
 WORDPIECE_VOCAB_FILE = "vocab.txt"
 SENTENCEPIECE_MODEL_FILE = "spm.model"

@@ -94,6 +94,12 @@ def test_every_parameter_has_logical_axis_names():
         assert len(box.names) == box.value.ndim
 
 
+def _jit_apply(model):
+    """`model.apply` jitted: run op by op, each of the model's operations is compiled as a program of its own (and
+    a gradient's too), which costs far more than compiling the whole forward pass once."""
+    return jax.jit(model.apply, static_argnames=("output_hidden_states",))
+
+
 def _small_model(**overrides):
     config = model_lib.BertConfig(vocab_size=97, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
                                   max_position_embeddings=40, **overrides)
@@ -102,7 +108,7 @@ def _small_model(**overrides):
     ids = rng.integers(1, 97, size=(3, 12)).astype(np.int32)
     segments = np.concatenate([np.zeros((3, 6)), np.ones((3, 6))], axis=1).astype(np.int32)
     positions = np.array([[1, 4, 7], [2, 3, 9], [5, 6, 8]], np.int32)
-    params = nn.meta.unbox(model.init(jax.random.key(1), ids, np.ones_like(ids), segments, positions))
+    params = nn.meta.unbox(jax.jit(model.init)(jax.random.key(1), ids, np.ones_like(ids), segments, positions))
     return config, model, params, ids, segments, positions
 
 
@@ -111,11 +117,12 @@ def test_padding_does_not_change_outputs_at_real_positions():
     lengths = np.array([12, 9, 5])
     mask = (np.arange(12)[None, :] < lengths[:, None]).astype(np.int32)
     ids = ids * mask
-    short = model.apply(params, ids, mask, segments, positions % 5, output_hidden_states=True)
+    apply = _jit_apply(model)
+    short = apply(params, ids, mask, segments, positions % 5, output_hidden_states=True)
     # Append 20 more padding positions filled with junk ids: outputs at real positions must not move.
     pad = 20
     junk = np.full((3, pad), 42, np.int32)
-    long = model.apply(params, np.concatenate([ids, junk], 1), np.pad(mask, ((0, 0), (0, pad))),
+    long = apply(params, np.concatenate([ids, junk], 1), np.pad(mask, ((0, 0), (0, pad))),
                        np.pad(segments, ((0, 0), (0, pad))), positions % 5, output_hidden_states=True)
     for layer, (a, b) in enumerate(zip(short["hidden_states"], long["hidden_states"])):
         for row, length in enumerate(lengths):
@@ -130,14 +137,15 @@ def test_padding_mask_is_used():
     config, model, params, ids, segments, positions = _small_model()
     mask = np.ones_like(ids)
     mask[:, 10:] = 0
-    base = model.apply(params, ids, mask, segments, positions)["nsp_logits"]
+    apply = _jit_apply(model)
+    base = apply(params, ids, mask, segments, positions)["nsp_logits"]
     padded_changed = ids.copy()
     padded_changed[:, 11] = 3
     real_changed = ids.copy()
     real_changed[:, 2] = 3 if ids[0, 2] != 3 else 4
-    np.testing.assert_allclose(model.apply(params, padded_changed, mask, segments, positions)["nsp_logits"], base,
+    np.testing.assert_allclose(apply(params, padded_changed, mask, segments, positions)["nsp_logits"], base,
                                rtol=1e-6, atol=1e-6)
-    assert not np.allclose(model.apply(params, real_changed, mask, segments, positions)["nsp_logits"], base)
+    assert not np.allclose(apply(params, real_changed, mask, segments, positions)["nsp_logits"], base)
 
 
 def test_mlm_decoder_is_tied_to_word_embeddings():
@@ -149,7 +157,7 @@ def test_mlm_decoder_is_tied_to_word_embeddings():
                                           "['params']['mlm_output_bias']"])
     # The logits are the transformed hidden states times the embedding matrix, plus the bias, computed by hand.
     p = params["params"]
-    outputs = model.apply(params, ids, np.ones_like(ids), segments, positions)
+    outputs = _jit_apply(model)(params, ids, np.ones_like(ids), segments, positions)
     hidden = np.take_along_axis(np.asarray(outputs["sequence_output"]), positions[..., None], axis=1)
     transform = hidden @ p["mlm_transform"]["kernel"] + p["mlm_transform"]["bias"]
     transform = np.asarray(jax.nn.gelu(transform, approximate=True))
@@ -167,15 +175,15 @@ def test_embedding_gradient_includes_the_decoder_path():
     def loss(p):
         return model.apply(p, ids, np.ones_like(ids), segments, positions)["mlm_logits"][..., unused].sum()
 
-    grads = jax.grad(loss)(params)["params"]["embeddings"]["word_embeddings"]["embedding"]
+    grads = jax.jit(jax.grad(loss))(params)["params"]["embeddings"]["word_embeddings"]["embedding"]
     assert np.any(np.asarray(grads[unused]) != 0)
 
 
 def test_gelu_variants_differ_and_are_selectable():
     _, model_tanh, params, ids, segments, positions = _small_model(hidden_act="gelu_tanh")
     _, model_erf, _, _, _, _ = _small_model(hidden_act="gelu")
-    a = model_tanh.apply(params, ids, np.ones_like(ids), segments, positions)["mlm_logits"]
-    b = model_erf.apply(params, ids, np.ones_like(ids), segments, positions)["mlm_logits"]
+    a = _jit_apply(model_tanh)(params, ids, np.ones_like(ids), segments, positions)["mlm_logits"]
+    b = _jit_apply(model_erf)(params, ids, np.ones_like(ids), segments, positions)["mlm_logits"]
     assert 0 < np.max(np.abs(np.asarray(a) - np.asarray(b))) < 1e-2
 
 
@@ -184,7 +192,8 @@ def test_initialisation_is_truncated_normal_with_stddev_002():
                                   intermediate_size=1024)
     model = model_lib.BertForPreTraining(config)
     ids = jnp.zeros((1, 8), jnp.int32)
-    params = nn.meta.unbox(model.init(jax.random.key(3), ids, ids, ids, jnp.zeros((1, 2), jnp.int32)))["params"]
+    variables = jax.jit(model.init)(jax.random.key(3), ids, ids, ids, jnp.zeros((1, 2), jnp.int32))
+    params = nn.meta.unbox(variables)["params"]
     table = np.asarray(params["embeddings"]["word_embeddings"]["embedding"])
     assert np.max(np.abs(table)) <= 2 * 0.02 + 1e-6  # truncated at two standard deviations, as TF's initialiser
     assert 0.015 < table.std() < 0.02  # a normal truncated at 2 sigma has std 0.88 sigma
@@ -222,11 +231,11 @@ def test_bfloat16_layer_norm_statistics_are_float32():
 def test_bfloat16_compute_keeps_float32_parameters():
     config, model, params, ids, segments, positions = _small_model(dtype="bfloat16")
     assert all(leaf.dtype == jnp.float32 for leaf in jax.tree.leaves(params))
-    outputs = model.apply(params, ids, np.ones_like(ids), segments, positions)
+    outputs = _jit_apply(model)(params, ids, np.ones_like(ids), segments, positions)
     assert outputs["sequence_output"].dtype == jnp.bfloat16
     assert outputs["mlm_logits"].dtype == jnp.float32
     _, model32, _, _, _, _ = _small_model()
-    reference = model32.apply(params, ids, np.ones_like(ids), segments, positions)["mlm_logits"]
+    reference = _jit_apply(model32)(params, ids, np.ones_like(ids), segments, positions)["mlm_logits"]
     np.testing.assert_allclose(outputs["mlm_logits"], reference, atol=0.1)
 
 
@@ -295,7 +304,7 @@ def test_token_classification_logits_and_gradients_equal_transformers(tmp_path):
         losses = -jnp.take_along_axis(jax.nn.log_softmax(logits), np.maximum(labels, 0)[..., None], -1)[..., 0]
         return jnp.sum(losses * scored) / scored.sum(), logits
 
-    (loss, logits), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+    (loss, logits), grads = jax.jit(jax.value_and_grad(loss_fn, has_aux=True))(params)
     output = theirs(input_ids=torch.tensor(ids, dtype=torch.long), attention_mask=torch.tensor(mask),
                     token_type_ids=torch.tensor(segments, dtype=torch.long), labels=torch.tensor(labels,
                                                                                                dtype=torch.long))
@@ -372,7 +381,7 @@ def test_question_answering_logits_loss_and_one_training_step_equal_transformers
     segments = (np.arange(20) >= 6).astype(np.int32)[None].repeat(3, 0) * mask
     positions = np.array([[7, 9], [0, 0], [3, 4]], np.int32)  # the second row's answer is [CLS]: no answer
     model = model_lib.BertForQuestionAnswering(config)
-    outputs = model.apply({"params": params}, ids, mask, segments)
+    outputs = _jit_apply(model)({"params": params}, ids, mask, segments)
 
     def their_loss():
         return theirs(input_ids=torch.tensor(ids, dtype=torch.long), attention_mask=torch.tensor(mask),
@@ -390,7 +399,7 @@ def test_question_answering_logits_loss_and_one_training_step_equal_transformers
     batch = {"input_ids": ids, "input_mask": mask, "segment_ids": segments, "label_ids": positions,
              "weights": np.ones(3, np.float32)}
     from bert_jax import finetune  # pylint: disable=import-outside-toplevel
-    sums = finetune.make_eval_step(model, ())(params, batch)
+    sums = jax.jit(finetune.make_eval_step(model, ()))(params, batch)
     assert float(sums["loss_sum"] / sums["count"]) == pytest.approx(float(output.loss), rel=1e-5)
     _one_finetuning_step_equals_torch(model, params, batch, theirs, lambda: their_loss().loss, [
         # qa_outputs.bias is left out: a shift of every start (end) score leaves the softmax unchanged, so its

@@ -19,14 +19,15 @@ from bert_jax import checkpoint as checkpoint_lib
 from bert_jax import finetune
 from configs import finetune as finetune_recipe
 from tests import helpers
+from tests import test_finetune
+from tests import test_question_answering
 from tests import test_resume
 
 FIXTURES = f"{helpers.ROOT}/tests/fixtures"
 # A schedule that does not depend on num_steps (constant after two warmup steps), so that the interrupted runs can
 # be started with no end in sight and finished, like the reference, at a step chosen afterwards.
-COMMON = [f"--config.data.vocab_file={FIXTURES}/google_bert/vocab_uncased.txt", "--config.train.batch_size=16",
-          "--config.train.log_every=1", "--config.optim.warmup_steps=2", "--config.optim.end_learning_rate=0.001",
-          "--config.checkpoint.every_steps=3"]
+COMMON = ["--config.train.batch_size=16", "--config.train.log_every=1", "--config.optim.warmup_steps=2",
+          "--config.optim.end_learning_rate=0.001", "--config.checkpoint.every_steps=3"]
 TASKS = {
     "tokens": ["--config=configs/finetune.py:task=tokens", f"--config.data.train_file={FIXTURES}/tagging_task/train.txt",
                f"--config.data.eval_file={FIXTURES}/tagging_task/dev.txt", "--config.data.max_seq_length=32"],
@@ -35,6 +36,21 @@ TASKS = {
            "--config.data.max_query_length=16"],
 }
 TRAIN_METRICS = ("loss", "accuracy", "grad_norm", "learning_rate")
+
+
+def _texts(task):
+    """The shipped task's texts (the fixture files are their generators' output, as tests hold)."""
+    if task == "tokens":
+        return [" ".join(words) for count, seed in ((320, 0), (160, 1))
+                for words, _ in test_finetune.tagging_sentences(count, seed)]
+    return test_question_answering._qa_texts()  # pylint: disable=protected-access
+
+
+def _vocabulary(task, directory):
+    """The uncased vocabulary's pieces of the task (the same tokens; test_finetune.vocab_of_pieces): 128 embedding
+    rows instead of 30522, so that a step and a checkpoint (47 MB with Adam's moments at 30522) cost little."""
+    path, rows = test_finetune.vocab_of_pieces(_texts(task), str(directory))
+    return [f"--config.data.vocab_file={path}", f"--config.model.vocab_size={rows}"]
 
 
 def _in_process_config(args):
@@ -50,7 +66,7 @@ def _params(workdir):
 @pytest.mark.slow
 @pytest.mark.parametrize("task", sorted(TASKS))
 def test_killed_then_preempted_finetuning_resumes_to_the_uninterrupted_result_bit_for_bit(task, tmp_path, caplog):
-    run = [*TASKS[task], *COMMON]
+    run = [*TASKS[task], *COMMON, *_vocabulary(task, tmp_path / "vocab")]
     workdir = tmp_path / "run"
     logs = [tmp_path / f"run{index}.log" for index in range(2)]
 

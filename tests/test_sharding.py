@@ -76,6 +76,7 @@ class Run:
     first_grad_norm: float
     first_grads: dict  # the gradient of the first step
     final_state: train.TrainState
+    initial_state: train.TrainState
 
 
 def _first_step_gradients(opt_state, grad_norm, optim_config):
@@ -91,12 +92,18 @@ def _first_step_gradients(opt_state, grad_norm, optim_config):
     return jax.tree.map(lambda mu: np.asarray(mu, np.float64) * scale, adam.mu)
 
 
-def _train(mesh_shape, batches, dropout=True, grad_accum_steps=1):
-    """len(batches) steps of the training loop's jitted train step (state donated) over the mesh."""
+def _train(mesh_shape, batches, dropout=True, grad_accum_steps=1, initial_state=None):
+    """len(batches) steps of the training loop's jitted train step (state donated) over the mesh, from a state
+    created on the mesh or, given `initial_state` (a Run's), that state placed on it (no initialisation compiled)."""
     config, mesh, rules, model, tx, schedule = _setup(mesh_shape, dropout=dropout)
     with jax.set_mesh(mesh):
-        state, shardings = train.create_train_state(model, tx, mesh, rules, jax.random.key(0), SEQ, PREDS)
-        initial_params = jax.device_get(state.params)
+        if initial_state is None:
+            state, shardings = train.create_train_state(model, tx, mesh, rules, jax.random.key(0), SEQ, PREDS)
+        else:
+            _, shardings, _ = train.abstract_train_state(model, tx, mesh, rules, SEQ, PREDS)
+            state = jax.device_put(initial_state, shardings)
+        initial_state = jax.device_get(state)
+        initial_params = initial_state.params
         step = train.jit_train_step(train.make_train_step(model, tx, schedule, rules, mesh, grad_accum_steps),
                                     shardings, mesh, rules)
         batch_sharding = sharding_lib.batch_sharding(mesh, rules)
@@ -107,7 +114,8 @@ def _train(mesh_shape, batches, dropout=True, grad_accum_steps=1):
             if len(losses) == 1:
                 first_grad_norm = float(metrics["grad_norm"])
                 first_grads = _first_step_gradients(jax.device_get(state.opt_state), first_grad_norm, config.optim)
-        return Run(initial_params, np.array(losses), first_grad_norm, first_grads, jax.device_get(state))
+        return Run(initial_params, np.array(losses), first_grad_norm, first_grads, jax.device_get(state),
+                   initial_state)
 
 
 def _assert_trees_close(actual, expected, rtol, what):
@@ -151,14 +159,22 @@ def test_sharded_gradients_and_five_optimizer_steps_equal_unsharded(mesh_shape, 
                         f"optimizer state after {STEPS} steps")
 
 
+@pytest.fixture(scope="module")
+def reference_without_dropout():
+    """The unsharded run without dropout, once per module (every slices test compares with it)."""
+    batches = _batches(helpers.TINY_VOCAB, STEPS)
+    return batches, _train((1, 1, 1), batches, dropout=False)
+
+
 @pytest.mark.parametrize("mesh_shape,grad_accum_steps", [((2, 1, 2, 2), 1), ((2, 2, 1, 2), 2), ((4, 2, 1, 1), 1)],
                          ids=["2x1x2x2", "2x2x1x2-accum2", "4x2x1x1"])
-def test_slices_train_as_one_device(mesh_shape, grad_accum_steps):
+def test_slices_train_as_one_device(mesh_shape, grad_accum_steps, reference_without_dropout):
     """Over slices each slice computes its rows' gradient (train.across_slices) and one psum joins them: without
-    dropout (each slice draws its own masks) the losses, gradients and five optimizer steps equal one device's."""
-    batches = _batches(helpers.TINY_VOCAB, STEPS)
-    expected = _train((1, 1, 1), batches, dropout=False)
-    got = _train(mesh_shape, batches, dropout=False, grad_accum_steps=grad_accum_steps)
+    dropout (each slice draws its own masks) the losses, gradients and five optimizer steps equal one device's.
+    They start from the unsharded run's state (the mesh test shows initialisation does not depend on the mesh)."""
+    batches, expected = reference_without_dropout
+    got = _train(mesh_shape, batches, dropout=False, grad_accum_steps=grad_accum_steps,
+                 initial_state=expected.initial_state)
     np.testing.assert_allclose(got.losses, expected.losses, rtol=1e-5)
     assert got.first_grad_norm == pytest.approx(expected.first_grad_norm, rel=1e-5)
     _assert_trees_close(got.first_grads, expected.first_grads, 1e-5, "gradient")

@@ -57,17 +57,28 @@ def test_every_dropout_of_the_training_forward_pass_drops_its_rate():
     inputs = dict(input_ids=ids, input_mask=np.ones_like(ids), segment_ids=np.zeros_like(ids),
                   masked_lm_positions=rng.integers(1, 64, size=(8, 10)).astype(np.int32))
     model = model_lib.BertForPreTraining(config)
-    params = model.init(jax.random.key(0), **inputs)
-    calls = []
+    params = jax.jit(model.init)(jax.random.key(0), **inputs)
+    rates = []
 
-    def record(next_fun, args, kwargs, context):
-        outputs = next_fun(*args, **kwargs)
-        if isinstance(context.module, nn.Dropout) and context.method_name == "__call__":
-            calls.append((context.module.rate, args[0], outputs))
-        return outputs
+    def recorded(params):
+        """Each dropout's input and output, returned from one jitted program (op by op, each operation of the
+        model would compile as a program of its own); `rates` fills as it traces."""
+        arrays = []
 
-    with nn.intercept_methods(record):
-        model.apply(params, **inputs, deterministic=False, sequence_output=False, rngs={"dropout": jax.random.key(1)})
+        def record(next_fun, args, kwargs, context):
+            outputs = next_fun(*args, **kwargs)
+            if isinstance(context.module, nn.Dropout) and context.method_name == "__call__":
+                rates.append(context.module.rate)
+                arrays.append((args[0], outputs))
+            return outputs
+
+        with nn.intercept_methods(record):
+            model.apply(params, **inputs, deterministic=False, sequence_output=False,
+                        rngs={"dropout": jax.random.key(1)})
+        return arrays
+
+    arrays = jax.jit(recorded)(params)
+    calls = [(rate, x, dropped) for rate, (x, dropped) in zip(rates, arrays)]
     shapes = [(rate, tuple(x.shape)) for rate, x, _ in calls]
     hidden, probs, head_rows = (8, 64, 64), (8, 4, 64, 64), (8, 11, 64)
     assert shapes == [(0.1, hidden),  # embeddings

@@ -120,10 +120,13 @@ def test_scanned_layers_equal_unrolled_with_the_same_weights():
 
 def test_scanned_hidden_states_are_each_layers_output():
     config = _config(scan_layers=True)
-    unrolled = model_lib.BertForPreTraining(_config()).apply({"params": _unrolled_params()}, **_inputs(),
-                                                              output_hidden_states=True)["hidden_states"]
-    scanned = model_lib.BertForPreTraining(config).apply({"params": _params(config)}, **_inputs(),
-                                                         output_hidden_states=True)["hidden_states"]
+
+    def hidden_states(model, params):  # jitted: op by op, each operation would compile as a program of its own
+        return jax.jit(lambda p: model.apply({"params": p}, **_inputs(), output_hidden_states=True))(params)[
+            "hidden_states"]
+
+    unrolled = hidden_states(model_lib.BertForPreTraining(_config()), _unrolled_params())
+    scanned = hidden_states(model_lib.BertForPreTraining(config), _params(config))
     assert len(scanned) == len(unrolled) == config.num_layers + 1
     for a, b in zip(scanned, unrolled):
         np.testing.assert_allclose(a, b, atol=1e-6)

@@ -333,7 +333,7 @@ def small_corpus(tmp_path_factory):
     return str(path)
 
 
-def test_same_seed_same_bytes_for_any_workers_and_shards(small_corpus, tmp_path):
+def test_same_seed_same_bytes_for_any_workers_and_shards(small_corpus, tmp_path, monkeypatch):
     options = DataOptions(dupe_factor=2, seed=99)
     in_process = _make(small_corpus, tmp_path / "a", options, num_workers=0, documents_per_chunk=10)
     assert in_process["stats"]["chunks"] == 4
@@ -351,6 +351,13 @@ def test_same_seed_same_bytes_for_any_workers_and_shards(small_corpus, tmp_path)
     other = _records(tmp_path / "d" / "train-00000-of-00001.tfrecord")
     assert other != single and len(set(other) & set(single)) < len(single) // 10
     assert different_seed["stats"]["documents"] == in_process["stats"]["documents"] == 40
+
+    # A corpus of one chunk is made in this process whatever num_workers: starting workers (each imports the
+    # calling program's modules first) would only add their start-up.
+    monkeypatch.setattr(create.multiprocessing, "get_context",
+                        lambda method: pytest.fail(f"a {method} worker pool was started for one chunk"))
+    one_chunk = _make(small_corpus, tmp_path / "e", options, num_workers=2, documents_per_chunk=40)
+    assert one_chunk["stats"]["chunks"] == 1 and one_chunk["stats"]["documents"] == 40
 
 
 def test_chunk_seeds_are_distinct_and_stable():

@@ -32,6 +32,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+import itertools
 import json
 import multiprocessing
 import os
@@ -241,7 +242,8 @@ def create_pretraining_data(source: str, tokenizer_path: str, output_dir: str, o
     """Writes `{output_dir}/{prefix}-IIIII-of-NNNNN.tfrecord`, the tokenizer and metadata.json; returns the metadata.
 
     source: see corpus.iter_documents. tokenizer_path: see tokenization.load_tokenizer (`do_lower_case` is passed
-    on). num_workers: processes (default: all cores; 0 = this process). Shards already in output_dir with the
+    on). num_workers: processes (default: all cores; 0 = this process; a corpus of one chunk is made in this process
+    whatever the number). Shards already in output_dir with the
     same prefix are an error unless `overwrite`. `document_filter(index)` keeps the corpus document with that
     0-based index when true, e.g. to hold every n-th document out for evaluation.
     """
@@ -251,22 +253,26 @@ def create_pretraining_data(source: str, tokenizer_path: str, output_dir: str, o
     _check_arguments(num_shards, num_workers, documents_per_chunk, prefix)
     tokenizer = tokenization.load_tokenizer(tokenizer_path, do_lower_case=do_lower_case)
 
-    pool = None
-    if num_workers > 0:
+    pools = []
+
+    def start_pool():
         # Not fork: the tokenizers' thread pools (and TensorFlow, where a caller imported it) do not survive it.
         context = multiprocessing.get_context("spawn")
-        pool = context.Pool(num_workers, initializer=_init_worker, initargs=(tokenizer, options))
+        pools.append(context.Pool(num_workers, initializer=_init_worker, initargs=(tokenizer, options)))
+        return pools[-1]
+
     try:
-        return _create(source, tokenizer, output_dir, options, pool, started, num_shards=num_shards,
-                       num_workers=num_workers, documents_per_chunk=documents_per_chunk, text_format=text_format,
-                       prefix=prefix, progress=progress, overwrite=overwrite, document_filter=document_filter)
+        return _create(source, tokenizer, output_dir, options, start_pool if num_workers > 0 else None, started,
+                       num_shards=num_shards, num_workers=num_workers, documents_per_chunk=documents_per_chunk,
+                       text_format=text_format, prefix=prefix, progress=progress, overwrite=overwrite,
+                       document_filter=document_filter)
     finally:
-        if pool is not None:
+        for pool in pools:
             pool.terminate()
             pool.join()
 
 
-def _create(source, tokenizer, output_dir, options, pool, started, *, num_shards, num_workers, documents_per_chunk,
+def _create(source, tokenizer, output_dir, options, start_pool, started, *, num_shards, num_workers, documents_per_chunk,
             text_format, prefix, progress, overwrite, document_filter) -> dict:
     existing = fileio.glob(fileio.join(output_dir, f"{prefix}-*-of-*.tfrecord"))
     if existing and not overwrite:
@@ -281,7 +287,7 @@ def _create(source, tokenizer, output_dir, options, pool, started, *, num_shards
 
     corpus_stats = corpus.CorpusStats()
     try:
-        results = _chunk_results(source, tokenizer, options, pool, corpus_stats, num_workers=num_workers,
+        results = _chunk_results(source, tokenizer, options, start_pool, corpus_stats, num_workers=num_workers,
                                  documents_per_chunk=documents_per_chunk, text_format=text_format,
                                  document_filter=document_filter)
         totals = _deal_records(results, writers, progress=progress)
@@ -310,17 +316,21 @@ def _create(source, tokenizer, output_dir, options, pool, started, *, num_shards
     return metadata
 
 
-def _chunk_results(source, tokenizer, options, pool, corpus_stats, *, num_workers, documents_per_chunk, text_format,
-                   document_filter) -> Iterator[tuple[list[bytes], dict]]:
-    """The corpus's chunks processed, in corpus order: (records, chunk stats) per chunk, computed lazily."""
+def _chunk_results(source, tokenizer, options, start_pool, corpus_stats, *, num_workers, documents_per_chunk,
+                   text_format, document_filter) -> Iterator[tuple[list[bytes], dict]]:
+    """The corpus's chunks processed, in corpus order: (records, chunk stats) per chunk, computed lazily. In worker
+    processes (`start_pool()` starts them) only for a corpus of more than one chunk."""
     documents = corpus.iter_documents(source, text_format=text_format, stats=corpus_stats)
     if document_filter is not None:
         documents = (document for index, document in enumerate(documents) if document_filter(index))
     tasks = _chunks(documents, documents_per_chunk)
-    if pool is None:
-        return map(ChunkProcessor(tokenizer, options), tasks)
+    first_two = list(itertools.islice(tasks, 2)) if start_pool is not None else []
+    if start_pool is None or len(first_two) < 2:
+        # One chunk is one worker's work: here it needs no worker started (a spawned worker imports the calling
+        # program's modules first: the driver's JAX, Flax and Orbax, seconds each time the driver makes data).
+        return map(ChunkProcessor(tokenizer, options), itertools.chain(first_two, tasks))
     # Two chunks per worker keep every worker busy while the parent writes, and bound memory.
-    return _ordered_bounded_map(pool, _run_in_worker, tasks, 2 * num_workers)
+    return _ordered_bounded_map(start_pool(), _run_in_worker, itertools.chain(first_two, tasks), 2 * num_workers)
 
 
 def _deal_records(results, writers, *, progress) -> collections.Counter:

@@ -22,6 +22,7 @@ from tests import helpers
 from tests import test_finetune
 from tests import test_question_answering
 from tests import test_resume
+from tests.test_resume import kill_leftover_drivers  # noqa: F401  (autouse: the drivers started are killed)
 
 FIXTURES = f"{helpers.ROOT}/tests/fixtures"
 # A schedule that does not depend on num_steps (constant after two warmup steps), so that the interrupted runs can

@@ -9,6 +9,7 @@ the same config and the same XLA flags, which saves a driver start (imports, bac
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -56,10 +57,30 @@ def _env(devices):
                 XLA_FLAGS=" ".join([*flags, f"--xla_force_host_platform_device_count={devices}"]))
 
 
+# The drivers a test started, killed when it ends (a failed assertion leaves an endless run going otherwise).
+_STARTED = []
+# And when the worker that started them dies (killed at its time limit): setpriv (util-linux) has the kernel
+# SIGKILL a driver whose parent is gone, across the driver's re-execution of itself.
+_DIE_WITH_PARENT = ("setpriv", "--pdeathsig", "KILL") if shutil.which("setpriv") else ()
+
+
+@pytest.fixture(autouse=True)
+def kill_leftover_drivers():
+    yield
+    while _STARTED:
+        process = _STARTED.pop()
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
 def _start(workdir, args, log_path, devices=8, extra=()):
     with open(log_path, "a") as log:
-        return subprocess.Popen([sys.executable, "-m", "bert_jax.main", f"--workdir={workdir}", *args, *extra],
-                                cwd=helpers.ROOT, env=_env(devices), stdout=log, stderr=subprocess.STDOUT)
+        process = subprocess.Popen([*_DIE_WITH_PARENT, sys.executable, "-m", "bert_jax.main", f"--workdir={workdir}",
+                                    *args, *extra], cwd=helpers.ROOT, env=_env(devices), stdout=log,
+                                   stderr=subprocess.STDOUT)
+    _STARTED.append(process)
+    return process
 
 
 def _start_pair(workdir, args, log_path):

@@ -19,7 +19,7 @@ import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from bert_jax import checkpoint as checkpoint_lib
-from bert_jax.data import input_pipeline
+from bert_jax.data import synthetic
 from bert_jax import presets
 from bert_jax import sharding as sharding_lib
 from bert_jax import train
@@ -45,7 +45,7 @@ def measure(size: str, directory: str, time_step: bool) -> dict[str, float]:
     setup = train.pretraining_setup(config)
     mesh, tx, shardings = setup.mesh, setup.tx, setup.shardings
     data = config.data
-    batches = input_pipeline.synthetic_batches(batch_size=FLAGS.batch_size, max_seq_length=data.max_seq_length,
+    batches = synthetic.synthetic_batches(batch_size=FLAGS.batch_size, max_seq_length=data.max_seq_length,
                                                max_predictions_per_seq=data.max_predictions_per_seq,
                                                vocab_size=config.model.vocab_size, seed=0)
     result = {}

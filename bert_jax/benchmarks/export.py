@@ -18,7 +18,7 @@ import numpy as np
 from bert_jax import checkpoint as checkpoint_lib
 from bert_jax.interop import export
 from bert_jax.interop import pretrained
-from bert_jax.data import input_pipeline
+from bert_jax.data import synthetic
 from bert_jax import presets
 from bert_jax import train
 
@@ -45,7 +45,7 @@ def measure(size: str, root: str) -> list[tuple[str, float, str]]:
     with jax.set_mesh(setup.mesh):
         state = setup.create_state(jax.random.key(0))
         checkpointer = checkpoint_lib.Checkpointer(os.path.join(root, "checkpoints"), every_steps=1, max_to_keep=1)
-        batches = input_pipeline.synthetic_batches(batch_size=1, max_seq_length=8, max_predictions_per_seq=1,
+        batches = synthetic.synthetic_batches(batch_size=1, max_seq_length=8, max_predictions_per_seq=1,
                                                    vocab_size=128, seed=0)
         checkpointer.save(1, state, jax.random.key(0), batches)
         checkpointer.close()

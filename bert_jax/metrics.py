@@ -105,7 +105,8 @@ class _EventWriter:
 
     def __init__(self, directory: str):
         from tensorboard.compat.proto import event_pb2  # pylint: disable=import-outside-toplevel
-        self._event_pb2 = event_pb2
+        from tensorboard.plugins.scalar import summary_v2  # pylint: disable=import-outside-toplevel
+        self._event_pb2, self._summary_v2 = event_pb2, summary_v2
         fileio.makedirs(directory)
         name = (f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}.{os.getpid()}.{next(_EVENT_FILES)}"
                 ".v2")
@@ -117,8 +118,7 @@ class _EventWriter:
         self._file.write(event.SerializeToString())
 
     def scalar(self, name: str, value, step: int) -> None:
-        from tensorboard.plugins.scalar import summary_v2  # pylint: disable=import-outside-toplevel
-        summary = summary_v2.scalar_pb(name, float(value))
+        summary = self._summary_v2.scalar_pb(name, float(value))
         tensor = summary.value[0].tensor
         tensor.ClearField("float_val")  # the value's bytes instead, as TensorFlow writes it
         tensor.tensor_content = np.float32(value).tobytes()

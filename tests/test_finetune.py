@@ -805,8 +805,8 @@ def test_a_frozen_last4_token_head_reads_four_layers_and_moves_alone():
 def test_feature_based_tagging_learns_on_a_frozen_encoder_that_never_moves(tmp_path, monkeypatch, driver):
     """docs/finetuning.md's task=tokens,encoder=frozen_last4 command as written (tiny with 4 layers, from scratch: a
     randomly initialised frozen encoder; the uncased vocabulary's pieces of the task): entity F1 on the 160 held-out
-    sentences >= 0.9, the encoder saved exactly as initialised; export refuses it; and a feature-based run from its directory (--config.init) keeps that encoder bit
-    for bit while its fresh head moves."""
+    sentences >= 0.9, the encoder saved exactly as initialised; export refuses it; and a feature-based run from its
+    directory (--config.init) keeps that encoder bit for bit while its fresh head moves."""
     recipe = "configs/finetune.py:task=tokens,encoder=frozen_last4"
     command = _documented_command("finetune", recipe)
     assert not [arg for arg in command if arg.startswith(("--config.optim", "--config.train"))]

@@ -10,8 +10,7 @@ import jax
 import numpy as np
 
 from bert_jax import metrics as metrics_lib
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests import helpers
 
 
 def jsonl_records(path):
@@ -124,7 +123,7 @@ def test_tensorboard_events_are_the_ones_tensorflow_writes_and_need_no_tensorflo
               "writer.write(1, {'loss': 6.8343, 'learning_rate': 0.0}); writer.write(2, {'loss': 6.5, "
               "'learning_rate': 5e-05}); writer.close(); assert 'tensorflow' not in sys.modules, 'TF imported'")
     env = dict(os.environ, JAX_PLATFORMS="cpu")
-    result = subprocess.run([sys.executable, "-c", script, str(tmp_path / "ours")], cwd=ROOT, env=env,
+    result = subprocess.run([sys.executable, "-c", script, str(tmp_path / "ours")], cwd=helpers.ROOT, env=env,
                             capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
 

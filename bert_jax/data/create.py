@@ -272,8 +272,8 @@ def create_pretraining_data(source: str, tokenizer_path: str, output_dir: str, o
             pool.join()
 
 
-def _create(source, tokenizer, output_dir, options, start_pool, started, *, num_shards, num_workers, documents_per_chunk,
-            text_format, prefix, progress, overwrite, document_filter) -> dict:
+def _create(source, tokenizer, output_dir, options, start_pool, started, *, num_shards, num_workers,
+            documents_per_chunk, text_format, prefix, progress, overwrite, document_filter) -> dict:
     existing = fileio.glob(fileio.join(output_dir, f"{prefix}-*-of-*.tfrecord"))
     if existing and not overwrite:
         raise FileExistsError(f"{output_dir} already holds {len(existing)} '{prefix}' shard(s) (e.g. "

@@ -21,6 +21,10 @@ from bert_jax import metrics as metrics_lib
 from bert_jax import model as model_lib
 from configs import pretrain
 
+# The planner's compiler processes compile with XLA's full optimisation (they do not run tests/conftest.py): so do
+# these tests, so that their compiles and the planner's are of one kind.
+pytestmark = pytest.mark.xla_optimized
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # What `python -m bert_jax.aot` sets before JAX starts (bert_jax/aot/__main__.py, _set_compile_only_environment): the tests compile in
 # this process, beside other test processes that may load libtpu too.

@@ -11,6 +11,10 @@ from bert_jax import attention
 from bert_jax import job_config
 from bert_jax import model as model_lib
 
+# Compared with references (transformers, the original tools, closed forms): at XLA's full optimisation, as
+# users' runs compile (tests/conftest.py, LESS_OPTIMIZED).
+pytestmark = pytest.mark.xla_optimized
+
 
 def _random_qkv(batch, length, heads=2, head_dim=8, seed=0, queries=None):
     rng = np.random.default_rng(seed)

@@ -32,6 +32,10 @@ from bert_jax.interop import tf_checkpoint
 from bert_jax.data import tokenization
 from tests import helpers
 
+# Compared with references (transformers, the original tools, closed forms): at XLA's full optimisation, as
+# users' runs compile (tests/conftest.py, LESS_OPTIMIZED).
+pytestmark = pytest.mark.xla_optimized
+
 VOCAB = os.path.join(helpers.FIXTURES, "vocab_uncased.txt")
 SAMPLE_TEXT = os.path.join(helpers.FIXTURES, "sample_text.txt")
 TOLERANCE = 1e-4  # relative to the largest magnitude of the reference tensor

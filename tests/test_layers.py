@@ -18,6 +18,10 @@ from bert_jax import metrics as metrics_lib
 from bert_jax import model as model_lib
 from bert_jax import optim
 
+# Compared with references (transformers, the original tools, closed forms): at XLA's full optimisation, as
+# users' runs compile (tests/conftest.py, LESS_OPTIMIZED).
+pytestmark = pytest.mark.xla_optimized
+
 BATCH, LENGTH = 3, 16
 
 

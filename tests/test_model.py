@@ -15,6 +15,10 @@ from bert_jax import model as model_lib
 from configs import pretrain
 from tests import helpers
 
+# Compared with references (transformers, the original tools, closed forms): at XLA's full optimisation, as
+# users' runs compile (tests/conftest.py, LESS_OPTIMIZED).
+pytestmark = pytest.mark.xla_optimized
+
 
 def _preset(size):
     return model_lib.BertConfig.from_config(pretrain.get_config(f"size={size}").model)

@@ -27,6 +27,7 @@ EXPORT_PAIRS = [("What will the function read return?", "The function read will 
 
 
 @pytest.mark.slow  # about 400 steps (0.09 CPU-seconds each at 128 vocabulary rows, 0.68 at 30522) and an export
+@pytest.mark.xla_optimized  # it runs four times longer than it compiles
 @pytest.mark.filterwarnings(r"ignore:the load_module\(\) method is deprecated:DeprecationWarning")
 def test_question_answering_learns_the_qa_task_through_the_driver(tmp_path, monkeypatch, driver):
     """docs/finetuning.md's task=qa command as written (the README's too), with the recipe's defaults (tiny, from

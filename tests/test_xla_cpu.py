@@ -10,6 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+# XLA:CPU as users' runs compile with it: full optimisation (tests/conftest.py, LESS_OPTIMIZED).
+pytestmark = pytest.mark.xla_optimized
+
 
 def test_cpu_dots_do_not_use_the_onednn_fusion_thunk():
     # XLA:CPU's oneDNN fusion thunk (--xla_cpu_experimental_onednn_fusion_type=individual_dot) aborts the process

@@ -80,11 +80,7 @@ def _require_prepared_data(config) -> None:
 
 
 def _build(config) -> _Run:
-    # Imported here so that importing this module does not import TensorFlow; synthetic data never does.
-    if config.data.source == "synthetic":
-        from bert_jax.data import synthetic as data_source  # pylint: disable=import-outside-toplevel
-    else:
-        from bert_jax.data import input_pipeline as data_source  # pylint: disable=import-outside-toplevel
+    from bert_jax.data import sources  # pylint: disable=import-outside-toplevel
     from bert_jax.data import tokenization  # pylint: disable=import-outside-toplevel
     _require_prepared_data(config)
     setup = pretraining_setup(config)
@@ -97,7 +93,7 @@ def _build(config) -> _Run:
     tokenizer = tokenization.load_tokenizer(data.vocab_file) if data.vocab_file else None
     model_config = setup.model.config
     make_iterator = functools.partial(
-        data_source.make_iterator, data, batch_size=config.train.batch_size // jax.process_count(),
+        sources.make_iterator, data, batch_size=config.train.batch_size // jax.process_count(),
         vocab_size=model_config.vocab_size, process_index=jax.process_index(), process_count=jax.process_count(),
         tokenizer_vocab_size=tokenizer.vocab_size if tokenizer else None,
         whole_word_continuation=tokenizer.is_continuation if tokenizer else None,

@@ -22,13 +22,9 @@ _compile_cache.set_up()
 # when its backend starts, after this.
 os.environ["XLA_FLAGS"] = _runtime.with_cpu_xla_flags(os.environ["XLA_FLAGS"])
 
-# The suite is compile-bound: its in-process tests spent 2017 s compiling and 566 s running in a fresh-clone run. Its
-# programs skip XLA's LLVM optimisation (jax_disable_most_optimizations: -O0), which took a quarter off the CPU time
-# of the sharding, model, export, train, checkpoint and dropout modules. Fast-math stays off either way, but the
-# roundings differ (no fused multiply-adds): a driver subprocess inherits the setting through the environment, so what
-# a test compares is computed under one setting on both sides. Tests marked xla_optimized (those that run longer than
-# they compile, and the ahead-of-time TPU compiles) compile as users' runs do, and `.ci/run` runs the numerical
-# modules again at full optimisation. JAX_DISABLE_MOST_OPTIMIZATIONS=0 turns it off for a whole run.
+# The suite is compile-bound: its programs compile at XLA's -O0 unless JAX_DISABLE_MOST_OPTIMIZATIONS is set. The
+# processes tests start inherit it (-O0 rounds differently), and tests marked xla_optimized compile as users' runs
+# do (docs/architecture.md, Tests).
 os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 LESS_OPTIMIZED = os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"].lower() in ("1", "true")
 

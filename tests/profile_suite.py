@@ -6,7 +6,9 @@ Record (any pytest run; loaded by tests/conftest.py):
 
 Each test's setup, call and teardown seconds, the seconds its own process spent in JAX compilation (tracing, lowering
 to MLIR and the XLA compile or the persistent cache's fetch, from `jax.monitoring`'s duration events), the persistent
-compilation cache's hits and misses there (tests/compile_cache.py), and the processes it started (driver subprocesses compile in their own process: their time shows as run time).
+compilation cache's hits and misses there (tests/compile_cache.py), the programs it compiled (by the function's name:
+how many times, how many seconds) and the processes it started (driver subprocesses compile in their own process:
+their time shows as run time).
 
 Print (one profile, or two side by side):
 
@@ -29,6 +31,7 @@ COMPILE_EVENTS = (
     "/jax/core/compile/jaxpr_to_mlir_module_duration",
     "/jax/core/compile/backend_compile_duration",
 )
+BACKEND_COMPILE = COMPILE_EVENTS[-1]  # XLA's compile or the cache's fetch, of one program: its name comes with it
 
 class _Recorder:
     """What this process records of the test it runs (counters reset at each test's start), and, in the process that
@@ -43,11 +46,15 @@ class _Recorder:
 
     def reset(self):
         self.compile_s, self.processes, self.cache = 0.0, 0, {"hits": 0, "misses": 0}
+        self.programs = {}  # function name -> [compiles, seconds]
 
     def on_duration(self, event, duration, **kwargs):
-        del kwargs
         if event in COMPILE_EVENTS:
             self.compile_s += duration
+        if event == BACKEND_COMPILE:
+            program = self.programs.setdefault(kwargs.get("fun_name", "?"), [0, 0.0])
+            program[0] += 1
+            program[1] = round(program[1] + duration, 3)
 
     def on_event(self, event, **kwargs):
         del kwargs
@@ -93,7 +100,8 @@ def pytest_runtest_makereport(item, call):
     # Runs in the process that ran the test (an xdist worker); user_properties travel with the report.
     if _RECORDER.config is not None and call.when == "teardown":
         item.user_properties.append(("profile", {"compile_s": round(_RECORDER.compile_s, 3),
-                                                 "processes": _RECORDER.processes, "cache": dict(_RECORDER.cache)}))
+                                                 "processes": _RECORDER.processes, "cache": dict(_RECORDER.cache),
+                                                 "programs": dict(_RECORDER.programs)}))
 
 
 def pytest_runtest_logreport(report):
@@ -149,6 +157,23 @@ def _table(title, rows, top):
               f"{r.get('processes', 0):5d} {r.get('tests', 1):5d}  {name}")
 
 
+def _programs(label, tests, top):
+    """The programs compiled in the tests' processes, by the seconds all their compiles took: what a shared fixture
+    or a shape shared between tests would save."""
+    programs = collections.defaultdict(lambda: [0, 0.0, 0])  # compiles, seconds, tests
+    for entry in tests.values():
+        for name, (count, seconds) in entry.get("programs", {}).items():
+            programs[name][0] += count
+            programs[name][1] += seconds
+            programs[name][2] += 1
+    if not programs:
+        return
+    print(f"\n{label}: programs (XLA compiles and cache fetches in the tests' processes)")
+    print(f"{'seconds':>9} {'compiles':>8} {'tests':>5}  function")
+    for name, (count, seconds, test_count) in sorted(programs.items(), key=lambda kv: -kv[1][1])[:top]:
+        print(f"{seconds:9.1f} {count:8d} {test_count:5d}  {name}")
+
+
 def _summary(label, data):
     tests = data["tests"]
     total = sum(e["seconds"] for e in tests.values())
@@ -176,6 +201,7 @@ def main(argv=None):
     for label, data in loaded:
         _table(f"{label}: modules", _by_module(data["tests"]), args.top)
         _table(f"{label}: tests", data["tests"], args.top)
+        _programs(label, data["tests"], args.top)
     if len(loaded) == 2:
         (_, before), (_, after) = loaded
         b, a = _by_module(before["tests"]), _by_module(after["tests"])

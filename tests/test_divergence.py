@@ -14,8 +14,7 @@ import pytest
 
 from bert_jax import checkpoint as checkpoint_lib
 from bert_jax import divergence
-from bert_jax.data import input_pipeline
-from bert_jax.data import synthetic
+from bert_jax.data import sources
 from tests import helpers
 
 
@@ -65,17 +64,14 @@ class _Batches:
 
 
 def _wrap_training_input(monkeypatch, change):
-    """Hooks the training iterator of either source: the driver reads synthetic data through bert_jax.data.synthetic
-    (no TensorFlow), TFRecords through input_pipeline (which delegates synthetic data to the former: wrapped once)."""
-    for module in (input_pipeline, synthetic):
-        real = module.make_iterator
+    """Hooks the training iterator the driver reads, of either source (bert_jax.data.sources)."""
+    real = sources.make_iterator
 
-        def make_iterator(*args, real=real, **kwargs):
-            batches = real(*args, **kwargs)
-            wrap = kwargs.get("split") == "train" and not isinstance(batches, _Batches)
-            return _Batches(batches, change) if wrap else batches
+    def make_iterator(*args, **kwargs):
+        batches = real(*args, **kwargs)
+        return _Batches(batches, change) if kwargs.get("split") == "train" else batches
 
-        monkeypatch.setattr(module, "make_iterator", make_iterator)
+    monkeypatch.setattr(sources, "make_iterator", make_iterator)
 
 
 def _poison(positions):

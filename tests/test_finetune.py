@@ -4,6 +4,7 @@ mask-aware pooling, and errors that name the problem."""
 import copy
 import csv
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -212,18 +213,20 @@ def test_downstream_models_share_the_pretraining_parameter_tree_and_outputs():
     assert {k: v for k, v in classifier.items() if not k.startswith("['classifier']")} == encoder
     assert classifier["['classifier']['kernel']"] == ((32, 5), ("embed", "classes"))
 
-    params = nn.meta.unbox(model_lib.BertForPreTraining(config).init(jax.random.key(1), ids, mask, segments,
-                                                                     np.zeros((2, 1), np.int32)))["params"]
-    full = model_lib.BertForPreTraining(config).apply({"params": params}, ids, mask, segments,
-                                                      np.zeros((2, 1), np.int32), output_hidden_states=True)
+    # Each call compiled whole: op by op, each operation would be a program of its own.
+    pretraining = model_lib.BertForPreTraining(config)
+    params = nn.meta.unbox(jax.jit(pretraining.init)(jax.random.key(1), ids, mask, segments,
+                                                     np.zeros((2, 1), np.int32)))["params"]
+    full = jax.jit(functools.partial(pretraining.apply, output_hidden_states=True))(
+        {"params": params}, ids, mask, segments, np.zeros((2, 1), np.int32))
     shared = {k: v for k, v in params.items() if model_lib.is_encoder_parameter(k)}
-    features = model_lib.BertModel(config).apply({"params": shared}, ids, mask, segments)
+    features = jax.jit(model_lib.BertModel(config).apply)({"params": shared}, ids, mask, segments)
     for key in ("sequence_output", "pooled_output"):
         np.testing.assert_array_equal(features[key], full[key])
     assert len(features["hidden_states"]) == 4
     head = {"kernel": rng.normal(size=(32, 5)).astype(np.float32), "bias": np.arange(5, dtype=np.float32)}
-    logits = model_lib.BertForSequenceClassification(config, 5).apply({"params": dict(shared, classifier=head)},
-                                                                       ids, mask, segments)["logits"]
+    logits = jax.jit(model_lib.BertForSequenceClassification(config, 5).apply)(
+        {"params": dict(shared, classifier=head)}, ids, mask, segments)["logits"]
     np.testing.assert_allclose(logits, np.asarray(full["pooled_output"]) @ head["kernel"] + head["bias"],
                                rtol=1e-5, atol=1e-5)
 
@@ -279,17 +282,15 @@ def vocab_of_pieces(texts, output_dir):
     """The original uncased vocabulary's entries that `texts` tokenise into, with its special tokens, in its order:
     a vocab.txt in `output_dir` that tokenises them exactly as the whole vocabulary does (greedy longest match finds
     no longer piece among a subset of the pieces), at 128 embedding rows instead of 30522, whose gradient and
-    optimizer update made up most of a tiny model's step. Returns (the file, its padded row count)."""
+    optimizer update made up most of a tiny model's step. Returns (the saved tokenizer's directory, its padded row
+    count)."""
     full = tokenization.load_tokenizer(os.path.join(helpers.FIXTURES, "vocab_uncased.txt"))
     pieces = {piece for text in texts for piece in full.tokenize(text)}
     words = [word for word in full.vocab_words if word in pieces or word in tokenization.SPECIAL_TOKENS]
-    os.makedirs(output_dir, exist_ok=True)
-    path = os.path.join(output_dir, "vocab.txt")
-    with open(path, "w", encoding="utf-8") as f:
-        f.write("".join(word + "\n" for word in words))
-    trimmed = tokenization.load_tokenizer(path)
+    saved = tokenization.WordPieceTokenizer(words, do_lower_case=True).save(output_dir)
+    trimmed = tokenization.load_tokenizer(saved)
     assert [trimmed.tokenize(text) for text in texts] == [full.tokenize(text) for text in texts]
-    return path, tokenization.padded_vocab_size(len(words))
+    return saved, tokenization.padded_vocab_size(len(words))
 
 
 def _vocab_of_size(vocab, entries, output_dir):
@@ -763,18 +764,20 @@ def test_a_frozen_last4_token_head_reads_four_layers_and_moves_alone():
     ids = rng.integers(1, 97, size=(2, 10)).astype(np.int32)
     mask, segments = np.ones_like(ids), np.zeros_like(ids)
     model = model_lib.BertForTokenClassification(config, 3, encoder="frozen_last4")
-    params = nn.meta.unbox(model.init(jax.random.key(0), ids, mask, segments)["params"])
-    tuned_names = nn.meta.unbox(model_lib.BertForTokenClassification(config, 3).init(
-        jax.random.key(0), ids, mask, segments)["params"])
+    # Each call compiled whole: op by op, each operation would be a program of its own.
+    params = nn.meta.unbox(jax.jit(model.init)(jax.random.key(0), ids, mask, segments)["params"])
+    tuned_names = nn.meta.unbox(jax.eval_shape(model_lib.BertForTokenClassification(config, 3).init,
+                                               jax.random.key(0), ids, mask, segments)["params"])
     assert jax.tree.map(np.shape, {k: v for k, v in params.items() if k != "classifier"}) == \
         jax.tree.map(np.shape, {k: v for k, v in tuned_names.items() if k != "classifier"})
     assert params["classifier"]["kernel"].shape == (4 * 32, 3)
     encoder = model_lib.BertModel(config)
-    pooler = nn.meta.unbox(encoder.init(jax.random.key(1), ids, mask, segments)["params"])["pooler"]  # unused here
-    hidden = encoder.apply({"params": dict({k: v for k, v in params.items() if k != "classifier"}, pooler=pooler)},
-                           ids, mask, segments)["hidden_states"]
+    pooler = jax.tree.map(lambda leaf: np.zeros(leaf.shape, leaf.dtype), nn.meta.unbox(  # unused here
+        jax.eval_shape(encoder.init, jax.random.key(1), ids, mask, segments)["params"])["pooler"])
+    hidden = jax.jit(encoder.apply)({"params": dict({k: v for k, v in params.items() if k != "classifier"},
+                                                    pooler=pooler)}, ids, mask, segments)["hidden_states"]
     features = np.concatenate([hidden[5], hidden[4], hidden[3], hidden[2]], -1)
-    np.testing.assert_allclose(model.apply({"params": params}, ids, mask, segments)["logits"],
+    np.testing.assert_allclose(jax.jit(model.apply)({"params": params}, ids, mask, segments)["logits"],
                                features @ params["classifier"]["kernel"] + params["classifier"]["bias"],
                                rtol=1e-5, atol=1e-5)
     grads = jax.jit(jax.grad(lambda p: model.apply({"params": p}, ids, mask, segments, deterministic=False,
@@ -827,8 +830,10 @@ def test_feature_based_tagging_learns_on_a_frozen_encoder_that_never_moves(tmp_p
     model = model_lib.BertForTokenClassification(
         flax_files.config_from_ours(str(saved / init_architecture.RUN_MODEL_CONFIG)), 4, encoder="frozen_last4")
     ids = np.zeros((1, 8), np.int32)
-    # The fresh parameters both runs started from: finetune's initialisation (train.seed 0).
-    fresh = sharding_lib.unbox(model.init({"params": jax.random.split(jax.random.key(0))[0]}, ids, ids, ids)["params"])
+    # The fresh parameters both runs started from: finetune's initialisation (train.seed 0), compiled whole as the
+    # run's is (op by op, at XLA's -O0, the initialisers round differently: tests/conftest.py).
+    fresh = sharding_lib.unbox(jax.jit(model.init)({"params": jax.random.split(jax.random.key(0))[0]}, ids, ids,
+                                                   ids)["params"])
     params = [export.restore_model_params(str(run / finetune.FINETUNED_SUBDIR), model, ids, ids, ids)
               for run in (first, second)]
     for before, after in ((fresh, params[0]), (params[0], params[1])):
@@ -857,6 +862,6 @@ def _assert_the_export_loads_in_transformers(driver, recipe, workdir, labels, te
     model = model_class(flax_files.config_from_ours(str(saved / init_architecture.RUN_MODEL_CONFIG)), len(labels))
     ids, mask = inputs["input_ids"].numpy(), inputs["attention_mask"].numpy()
     params = export.restore_model_params(str(saved), model, ids, ids, ids)
-    ours = np.asarray(model.apply({"params": params}, ids, mask, inputs["token_type_ids"].numpy())["logits"])
+    ours = np.asarray(jax.jit(model.apply)({"params": params}, ids, mask, inputs["token_type_ids"].numpy())["logits"])
     real = mask == 1 if tagging else np.ones(len(texts), bool)
     np.testing.assert_allclose(ours[real], expected[real], atol=1e-4 * np.abs(expected).max())

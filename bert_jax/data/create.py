@@ -253,13 +253,14 @@ def create_pretraining_data(source: str, tokenizer_path: str, output_dir: str, o
     _check_arguments(num_shards, num_workers, documents_per_chunk, prefix)
     tokenizer = tokenization.load_tokenizer(tokenizer_path, do_lower_case=do_lower_case)
 
-    pools = []
+    pool = None
 
     def start_pool():
+        nonlocal pool
         # Not fork: the tokenizers' thread pools (and TensorFlow, where a caller imported it) do not survive it.
         context = multiprocessing.get_context("spawn")
-        pools.append(context.Pool(num_workers, initializer=_init_worker, initargs=(tokenizer, options)))
-        return pools[-1]
+        pool = context.Pool(num_workers, initializer=_init_worker, initargs=(tokenizer, options))
+        return pool
 
     try:
         return _create(source, tokenizer, output_dir, options, start_pool if num_workers > 0 else None, started,
@@ -267,7 +268,7 @@ def create_pretraining_data(source: str, tokenizer_path: str, output_dir: str, o
                        text_format=text_format, prefix=prefix, progress=progress, overwrite=overwrite,
                        document_filter=document_filter)
     finally:
-        for pool in pools:
+        if pool is not None:
             pool.terminate()
             pool.join()
 

@@ -1,4 +1,4 @@
-"""Input pipeline: pretraining TFRecords (original google-research/bert layout) or synthetic data -> numpy batches.
+"""Input pipeline: pretraining TFRecords (original google-research/bert layout) -> numpy batches.
 
 Records with static masks are read as written; unmasked records (no masked_lm_* features) are masked here, in
 tf.data, with fresh masks each time a record is read (`dynamic_mask`).
@@ -300,24 +300,22 @@ def check_batch(batch: dict[str, np.ndarray], *, vocab_size: int, source: str) -
 def make_iterator(data_config, *, split: str, batch_size: int, vocab_size: int, seed: int, process_index: int = 0,
                   process_count: int = 1, whole_word_continuation=None, tokenizer_vocab_size: int | None = None,
                   process_rows=None) -> Iterator[dict[str, np.ndarray]]:
-    """This process's batches for `split` ("train" or "eval") from the source named in `data_config`.
+    """This process's batches for `split` ("train" or "eval") from the TFRecords named in `data_config` (a run reads
+    them through bert_jax.data.sources.make_iterator, which sends data.source='synthetic' to bert_jax.data.synthetic).
 
     Training is endless. Held-out TFRecords are read once, their last batch padded with zero-weight rows (see the
-    module's docstring); the synthetic source is endless for both. `vocab_size` is the model's embedding
+    module's docstring). `vocab_size` is the model's embedding
     rows, which every id must stay below. Dynamic masking draws its random replacements from the tokenizer's
     vocabulary, [0, tokenizer_vocab_size) (default vocab_size): pass the real size where the model pads its
     vocabulary, so that no replacement is a padding row. With data.whole_word_mask it also needs
     `whole_word_continuation` (numpy bool [tokenizer_vocab_size], True for the tokenizer's "##" pieces).
-    `process_rows`: for the synthetic source, the global rows this process feeds (see SyntheticBatches).
+    `process_rows` is the synthetic source's (every source takes the same arguments); records ignore it.
     """
+    del process_rows
     if split not in ("train", "eval"):
         raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
     training = split == "train"
     packing = packing_lib.PackingOptions.from_config(data_config)  # None unless data.pack; checks the fields
-    if data_config.source == "synthetic":
-        return synthetic.make_iterator(data_config, split=split, batch_size=batch_size, vocab_size=vocab_size,
-                                       seed=seed, process_index=process_index, process_count=process_count,
-                                       process_rows=process_rows)
     if data_config.source == "tfrecord":
         patterns = data_config.input_files if training else data_config.eval_input_files
         whole_word_mask = data_config.get("whole_word_mask", False)

@@ -141,7 +141,7 @@ def synthetic_batches(*, batch_size: int, max_seq_length: int, max_predictions_p
 def make_iterator(data_config, *, split: str, batch_size: int, vocab_size: int, seed: int, process_index: int = 0,
                   process_count: int = 1, whole_word_continuation=None, tokenizer_vocab_size: int | None = None,
                   process_rows=None) -> SyntheticBatches:
-    """input_pipeline.make_iterator for data.source='synthetic' (it delegates here), with its arguments: endless for
+    """sources.make_iterator for data.source='synthetic', with input_pipeline.make_iterator's arguments: endless for
     both splits. The tokenizer's arguments are ignored: synthetic ids are drawn below `vocab_size`."""
     del whole_word_continuation, tokenizer_vocab_size
     if split not in ("train", "eval"):

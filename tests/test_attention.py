@@ -11,8 +11,8 @@ from bert_jax import attention
 from bert_jax import job_config
 from bert_jax import model as model_lib
 
-# Compared with references (transformers, the original tools, closed forms): at XLA's full optimisation, as
-# users' runs compile (tests/conftest.py, LESS_OPTIMIZED).
+# Tolerances between attention back-ends, for the programs users' runs compile: XLA's full optimisation
+# (tests/conftest.py, LESS_OPTIMIZED).
 pytestmark = pytest.mark.xla_optimized
 
 

@@ -11,6 +11,7 @@ import tensorflow as tf
 
 from bert_jax.data import input_pipeline
 from bert_jax.data import masking
+from bert_jax.data import sources
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "google_bert"
 SEQ128 = FIXTURES / "sample_seq128.tfrecord"
@@ -330,8 +331,8 @@ def test_synthetic_batches_small_vocab_and_determinism():
 
 def test_synthetic_source_eval_differs_from_train():
     config = _data_config(source="synthetic", max_seq_length=32, max_predictions_per_seq=5)
-    train = next(input_pipeline.make_iterator(config, split="train", batch_size=4, vocab_size=VOCAB_SIZE, seed=7))
-    evaluation = next(input_pipeline.make_iterator(config, split="eval", batch_size=4, vocab_size=VOCAB_SIZE, seed=7))
+    train = next(sources.make_iterator(config, split="train", batch_size=4, vocab_size=VOCAB_SIZE, seed=7))
+    evaluation = next(sources.make_iterator(config, split="eval", batch_size=4, vocab_size=VOCAB_SIZE, seed=7))
     assert train["input_ids"].shape == evaluation["input_ids"].shape == (4, 32)
     assert not np.array_equal(train["input_ids"], evaluation["input_ids"])
 

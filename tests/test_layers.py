@@ -18,8 +18,8 @@ from bert_jax import metrics as metrics_lib
 from bert_jax import model as model_lib
 from bert_jax import optim
 
-# Compared with references (transformers, the original tools, closed forms): at XLA's full optimisation, as
-# users' runs compile (tests/conftest.py, LESS_OPTIMIZED).
+# Tolerances between forms of the model, for the programs users' runs compile: XLA's full optimisation
+# (tests/conftest.py, LESS_OPTIMIZED).
 pytestmark = pytest.mark.xla_optimized
 
 BATCH, LENGTH = 3, 16

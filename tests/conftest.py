@@ -26,7 +26,6 @@ os.environ["XLA_FLAGS"] = _runtime.with_cpu_xla_flags(os.environ["XLA_FLAGS"])
 # processes tests start inherit it (-O0 rounds differently), and tests marked xla_optimized compile as users' runs
 # do (docs/architecture.md, Tests).
 os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
-LESS_OPTIMIZED = os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"].lower() in ("1", "true")
 
 
 import logging  # noqa: E402
@@ -51,18 +50,18 @@ def _logging_levels():
 
 @pytest.fixture(autouse=True)
 def _xla_optimized(request, monkeypatch):
-    """Full optimisation for a test marked xla_optimized, in this process and the processes it starts (see
-    LESS_OPTIMIZED above)."""
-    if not (LESS_OPTIMIZED and request.node.get_closest_marker("xla_optimized")):
+    """A test marked xla_optimized compiles at full optimisation, in this process and the processes it starts."""
+    if not request.node.get_closest_marker("xla_optimized"):
         yield
         return
     import jax  # pylint: disable=import-outside-toplevel
+    less_optimized = jax.config.read("jax_disable_most_optimizations")  # JAX's reading of the variable set above
     monkeypatch.setenv("JAX_DISABLE_MOST_OPTIMIZATIONS", "0")
     jax.config.update("jax_disable_most_optimizations", False)
     try:
         yield
     finally:
-        jax.config.update("jax_disable_most_optimizations", True)
+        jax.config.update("jax_disable_most_optimizations", less_optimized)
 
 
 @pytest.fixture

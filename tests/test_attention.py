@@ -12,7 +12,7 @@ from bert_jax import job_config
 from bert_jax import model as model_lib
 
 # Tolerances between attention back-ends, for the programs users' runs compile: XLA's full optimisation
-# (tests/conftest.py, LESS_OPTIMIZED).
+# (tests/conftest.py).
 pytestmark = pytest.mark.xla_optimized
 
 

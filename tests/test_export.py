@@ -33,7 +33,7 @@ from bert_jax.data import tokenization
 from tests import helpers
 
 # Compared with references (transformers, the original tools, closed forms): at XLA's full optimisation, as
-# users' runs compile (tests/conftest.py, LESS_OPTIMIZED).
+# users' runs compile (tests/conftest.py).
 pytestmark = pytest.mark.xla_optimized
 
 VOCAB = os.path.join(helpers.FIXTURES, "vocab_uncased.txt")

@@ -16,7 +16,7 @@ from configs import pretrain
 from tests import helpers
 
 # Compared with references (transformers, the original tools, closed forms): at XLA's full optimisation, as
-# users' runs compile (tests/conftest.py, LESS_OPTIMIZED).
+# users' runs compile (tests/conftest.py).
 pytestmark = pytest.mark.xla_optimized
 
 

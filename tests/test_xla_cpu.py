@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-# XLA:CPU as users' runs compile with it: full optimisation (tests/conftest.py, LESS_OPTIMIZED).
+# XLA:CPU as users' runs compile with it: full optimisation (tests/conftest.py).
 pytestmark = pytest.mark.xla_optimized
 
 

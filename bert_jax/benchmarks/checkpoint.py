@@ -46,8 +46,8 @@ def measure(size: str, directory: str, time_step: bool) -> dict[str, float]:
     mesh, tx, shardings = setup.mesh, setup.tx, setup.shardings
     data = config.data
     batches = synthetic.synthetic_batches(batch_size=FLAGS.batch_size, max_seq_length=data.max_seq_length,
-                                               max_predictions_per_seq=data.max_predictions_per_seq,
-                                               vocab_size=config.model.vocab_size, seed=0)
+                                          max_predictions_per_seq=data.max_predictions_per_seq,
+                                          vocab_size=config.model.vocab_size, seed=0)
     result = {}
     with jax.set_mesh(mesh):
         state = setup.create_state(jax.random.key(0))

@@ -46,7 +46,7 @@ def measure(size: str, root: str) -> list[tuple[str, float, str]]:
         state = setup.create_state(jax.random.key(0))
         checkpointer = checkpoint_lib.Checkpointer(os.path.join(root, "checkpoints"), every_steps=1, max_to_keep=1)
         batches = synthetic.synthetic_batches(batch_size=1, max_seq_length=8, max_predictions_per_seq=1,
-                                                   vocab_size=128, seed=0)
+                                              vocab_size=128, seed=0)
         checkpointer.save(1, state, jax.random.key(0), batches)
         checkpointer.close()
     del state

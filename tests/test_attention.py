@@ -11,10 +11,6 @@ from bert_jax import attention
 from bert_jax import job_config
 from bert_jax import model as model_lib
 
-# Tolerances between attention back-ends, for the programs users' runs compile: XLA's full optimisation
-# (tests/conftest.py).
-pytestmark = pytest.mark.xla_optimized
-
 
 def _random_qkv(batch, length, heads=2, head_dim=8, seed=0, queries=None):
     rng = np.random.default_rng(seed)

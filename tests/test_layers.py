@@ -18,10 +18,6 @@ from bert_jax import metrics as metrics_lib
 from bert_jax import model as model_lib
 from bert_jax import optim
 
-# Tolerances between forms of the model, for the programs users' runs compile: XLA's full optimisation
-# (tests/conftest.py).
-pytestmark = pytest.mark.xla_optimized
-
 BATCH, LENGTH = 3, 16
 
 

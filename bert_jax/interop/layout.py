@@ -101,6 +101,16 @@ def init_params(config: model_lib.BertConfig, seed: int = 0) -> dict:
     return jax.tree.map(np.asarray, nn.meta.unbox(variables)["params"])
 
 
+def init_some_params(config: model_lib.BertConfig, paths, seed: int = 0) -> dict:
+    """{path: init_params(config, seed)[path] flattened} for `paths` only, compiled as one program that computes
+    nothing else: a source's missing heads, without initialising (op by op) the encoder it replaces."""
+    def init(key):
+        params = nn.meta.unbox(model_lib.BertForPreTraining(config).init(key, *dummy_inputs()))["params"]
+        flat = traverse_util.flatten_dict(params, sep="/")
+        return {path: flat[path] for path in paths}
+    return jax.tree.map(np.asarray, jax.jit(init)(jax.random.key(seed)))
+
+
 def host_params(params) -> dict:
     """The flat {path: float32 numpy} tree of any accepted parameter form, scanned layers (model.scan_layers:
     `layers/...` with a leading layer axis) unstacked into the unrolled `layer_{i}/...` layout files use."""
@@ -281,8 +291,7 @@ def assemble(config, tensors: dict, *, kind: str, where: str, config_name: str, 
         flat[ours] = value.T if row[transposed] else value
         used.add(name)
     if missing:
-        fresh = traverse_util.flatten_dict(init_params(config, seed), sep="/")
-        flat.update({path: fresh[path] for path in missing})
+        flat.update(init_some_params(config, missing, seed))
         report.initialized = missing
         report.notes.append(f"initialised {len(missing)} head parameters absent in the source (seed {seed})")
     report.ignored = sorted(set(tensors) - used)

@@ -81,6 +81,9 @@ def optim_config(learning_rate: float) -> ml_collections.ConfigDict:
     optim.decay = "linear"  # "linear" or "polynomial" decay to end_learning_rate at the last step
     optim.decay_power = 1.0  # exponent of the polynomial decay
     optim.end_learning_rate = 0.0  # learning rate at the last step
+    # Steps the schedule spans (0: train.num_steps). Set it to run a job in stages of one schedule: each stage's
+    # train.num_steps stops it where it should, and every stage compiles the same step (the schedule is part of it).
+    optim.schedule_steps = 0
     optim.weight_decay = 0.01  # decoupled weight decay; never applied to LayerNorm parameters or biases
     optim.b1 = 0.9  # Adam/LAMB first-moment decay
     optim.b2 = 0.999  # Adam/LAMB second-moment decay

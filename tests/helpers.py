@@ -31,6 +31,9 @@ def tiny_config(mesh_shape=(1, 1, 1), dropout=False, vocab_size=TINY_VOCAB, **tr
         config.model.attention_dropout_rate = 0.0
     config.optim.learning_rate = 1e-3
     config.optim.warmup_steps = 2
+    # One schedule whatever train.num_steps a test sets: tests of the same mesh, shapes and dropout then compile
+    # the same step, which the run's compilation cache serves after the first (tests/compile_cache.py).
+    config.optim.schedule_steps = 100
     config.data.max_seq_length = 32
     config.data.max_predictions_per_seq = 5
     config.train.batch_size = 16

@@ -50,6 +50,7 @@ def test_the_other_recipe_is_named(tmp_path, mode, recipe):
     ("data.source", "tfrecord", "needs --config.data.input_files"),
     ("optim.optimizer", "sgd", "--config.optim.optimizer='sgd'"),
     ("optim.warmup_steps", -1, "--config.optim.warmup_steps=-1"),
+    ("optim.schedule_steps", -5, "--config.optim.schedule_steps=-5: must be >= 0"),
     ("mesh.tensor", 3, "--config.mesh"),
     # The divergence detector's and the rewinds' settings.
     ("train.spike_factor", 0.5, "must be above 1"),

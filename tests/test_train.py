@@ -150,15 +150,18 @@ def test_weight_decay_skips_layer_norm_and_biases():
 
 @pytest.mark.parametrize("decay, power, midpoint", [("linear", 1.0, 0.5e-3), ("polynomial", 2.0, 0.25e-3)])
 def test_schedule_warms_up_then_decays(decay, power, midpoint):
+    """Over train.num_steps (110), or over optim.schedule_steps (110) whatever train.num_steps (20) is."""
     config = helpers.tiny_config()
     config.optim.learning_rate, config.optim.warmup_steps = 1e-3, 10
     config.optim.decay, config.optim.decay_power = decay, power
-    schedule = optim.learning_rate_schedule(config.optim, 110)
-    assert float(schedule(0)) == 0.0
-    assert float(schedule(5)) == pytest.approx(0.5e-3)
-    assert float(schedule(10)) == pytest.approx(1e-3)
-    assert float(schedule(60)) == pytest.approx(midpoint)
-    assert float(schedule(110)) == pytest.approx(0.0, abs=1e-12)
+    for schedule_steps, num_steps in ((0, 110), (110, 20)):
+        config.optim.schedule_steps = schedule_steps
+        schedule = optim.learning_rate_schedule(config.optim, num_steps)
+        assert float(schedule(0)) == 0.0
+        assert float(schedule(5)) == pytest.approx(0.5e-3)
+        assert float(schedule(10)) == pytest.approx(1e-3)
+        assert float(schedule(60)) == pytest.approx(midpoint)
+        assert float(schedule(110)) == pytest.approx(0.0, abs=1e-12)
 
 
 def test_optimizer_equals_the_optax_chain():

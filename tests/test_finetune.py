@@ -511,6 +511,20 @@ def test_config_presets_are_locked_and_glue_tasks_read_tfds():
     assert (squad_base.optim.learning_rate, squad_base.train.num_epochs) == (5e-5, 3.0)
 
 
+def test_warmup_is_a_proportion_of_the_steps_the_schedule_spans():
+    """train.num_epochs over the examples gives the steps; warmup_proportion applies to optim.schedule_steps where
+    set (a job run in stages), so every stage warms up and decays alike."""
+    config = finetune_configs.get_config("size=tiny")
+    config.train.num_epochs, config.train.batch_size, config.optim.warmup_proportion = 2.0, 10, 0.1
+    _, schedule, num_steps = finetune._create_optimizer(config, 250)  # pylint: disable=protected-access
+    assert num_steps == 50 and float(schedule(5)) == pytest.approx(config.optim.learning_rate)  # warmup 5 of 50
+    config.optim.schedule_steps = 200
+    _, schedule, num_steps = finetune._create_optimizer(config, 250)  # pylint: disable=protected-access
+    assert num_steps == 50 and float(schedule(10)) == pytest.approx(config.optim.learning_rate / 2)  # 10 of 20
+    assert float(schedule(20)) == pytest.approx(config.optim.learning_rate)
+    assert float(schedule(110)) == pytest.approx(config.optim.learning_rate / 2)  # halfway down, past the stage
+
+
 def test_mean_features_of_all_minilm_l6_v2_equal_sentence_transformers_recipe(tmp_path):
     """A real model end to end: mean-pooled features from the HuggingFace all-MiniLM-L6-v2 (imported through
     --config.init) equal transformers' BertModel mean-pooled over the same tokens."""

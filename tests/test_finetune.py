@@ -839,8 +839,9 @@ def test_feature_based_tagging_learns_on_a_frozen_encoder_that_never_moves(tmp_p
                                          r"layers that transformers' BertForTokenClassification cannot represent"):
         driver(["--mode=export", "--config=configs/finetune.py", f"--workdir={first}"])
 
+    # Three steps of the first run's schedule: the same compiled step as the first run's (the run's cache serves it).
     driver([arg.replace("/tmp/bert_jax_tag_frozen", str(second)) for arg in flags] +
-           [f"--config.init={saved}", "--config.train.num_steps=3"])
+           [f"--config.init={saved}", "--config.train.num_steps=3", f"--config.optim.schedule_steps={final['step']}"])
     model = model_lib.BertForTokenClassification(
         flax_files.config_from_ours(str(saved / init_architecture.RUN_MODEL_CONFIG)), 4, encoder="frozen_last4")
     ids = np.zeros((1, 8), np.int32)

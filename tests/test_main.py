@@ -122,7 +122,8 @@ def test_a_failed_save_stops_the_run_with_one_message_and_the_last_checkpoint_re
     args = [f"--workdir={tmp_path}", f"--config={PRETRAIN}:size=tiny,data=synthetic", "--config.model.num_layers=1",
             "--config.model.vocab_size=512", "--config.data.max_seq_length=32", "--config.train.batch_size=8",
             "--config.data.max_predictions_per_seq=5", "--config.checkpoint.every_steps=5",
-            "--config.train.log_every=5"]
+            "--config.train.log_every=5",
+            "--config.optim.schedule_steps=40"]  # the three runs below compile one step (the run's cache serves it)
     _main(driver_flags, caplog, *args, "--config.train.num_steps=10")
     checkpoints = tmp_path / "checkpoints"
     assert sorted(os.listdir(checkpoints)) == ["10", "5"]

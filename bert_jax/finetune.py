@@ -266,8 +266,8 @@ def _create_optimizer(config, num_examples: int):
     train = config.train
     num_steps = train.num_steps or math.ceil(train.num_epochs * num_examples / train.batch_size)
     optim_config = ml_collections.ConfigDict(config.optim.to_dict())
-    span = optim_config.get("schedule_steps", 0) or num_steps
-    optim_config.warmup_steps = config.optim.warmup_steps or int(config.optim.warmup_proportion * span)
+    optim_config.warmup_steps = config.optim.warmup_steps or int(
+        config.optim.warmup_proportion * optim.schedule_span(config.optim, num_steps))
     frozen = model_lib.is_encoder_parameter if config.train.encoder != "tuned" else None
     tx, schedule = optim.create_optimizer(optim_config, num_steps, frozen=frozen)
     logging.info("%d training examples, %d steps of %d (%.2f epochs), warmup %d steps", num_examples, num_steps,

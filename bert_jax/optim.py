@@ -28,7 +28,7 @@ def validate(optim_config, num_steps: int) -> None:
         fail("learning_rate", "must be positive")
     if optim_config.warmup_steps < 0:
         fail("warmup_steps", "must be >= 0")
-    if optim_config.get("schedule_steps", 0) < 0:
+    if optim_config.schedule_steps < 0:
         fail("schedule_steps", "must be >= 0 (0: the schedule spans train.num_steps)")
     if optim_config.warmup_steps > num_steps:
         logging.warning("optim.warmup_steps=%d exceeds train.num_steps=%d: the run ends before the peak "
@@ -39,10 +39,15 @@ def validate(optim_config, num_steps: int) -> None:
         fail("grad_accum_steps", "must be >= 1")
 
 
+def schedule_span(optim_config, num_steps: int) -> int:
+    """The steps the schedule spans: optim.schedule_steps, or the run's num_steps where that is 0."""
+    return int(optim_config.schedule_steps) or num_steps
+
+
 def learning_rate_schedule(optim_config, num_steps: int) -> optax.Schedule:
-    """Linear warmup from 0 to the peak, then linear or polynomial decay to end_learning_rate at
-    optim_config.schedule_steps, or at num_steps where that is 0 (or absent, in configs saved before it existed)."""
-    num_steps = int(optim_config.get("schedule_steps", 0)) or num_steps
+    """Linear warmup from 0 to the peak, then linear or polynomial decay to end_learning_rate at the end of the
+    schedule's span (schedule_span)."""
+    num_steps = schedule_span(optim_config, num_steps)
     warmup = int(optim_config.warmup_steps)
     power = 1.0 if optim_config.decay == "linear" else float(optim_config.decay_power)
     decay = optax.polynomial_schedule(init_value=optim_config.learning_rate,

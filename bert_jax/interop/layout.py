@@ -102,8 +102,8 @@ def init_params(config: model_lib.BertConfig, seed: int = 0) -> dict:
 
 
 def init_some_params(config: model_lib.BertConfig, paths, seed: int = 0) -> dict:
-    """{path: init_params(config, seed)[path] flattened} for `paths` only, compiled as one program that computes
-    nothing else: a source's missing heads, without initialising (op by op) the encoder it replaces."""
+    """init_params(config, seed)'s values at `paths` only ({"mlm_transform/kernel": array, ...}), compiled as one
+    program that computes nothing else: a source's missing heads, without initialising the encoder it replaces."""
     def init(key):
         params = nn.meta.unbox(model_lib.BertForPreTraining(config).init(key, *dummy_inputs()))["params"]
         flat = traverse_util.flatten_dict(params, sep="/")

@@ -27,6 +27,15 @@ os.environ["XLA_FLAGS"] = _runtime.with_cpu_xla_flags(os.environ["XLA_FLAGS"])
 # do (docs/architecture.md, Tests).
 os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 
+# With it, XLA:CPU's older kernel emitters: the tiny steps compile in 3.3 s instead of 5.5 (docs/performance.md, The
+# test suite) and run as fast. The AVX pass (.ci/run) sets JAX_DISABLE_MOST_OPTIMIZATIONS=0 and so checks the
+# numerical modules with the driver's own options; a test marked xla_optimized starts its processes with them too.
+_USERS_XLA_FLAGS = os.environ["XLA_FLAGS"]
+FAST_COMPILE_XLA_FLAG = "--xla_cpu_use_fusion_emitters=false"
+if (os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"].lower() in ("1", "true", "t", "yes", "y", "on")
+        and "xla_cpu_use_fusion_emitters" not in _USERS_XLA_FLAGS):
+    os.environ["XLA_FLAGS"] = f"{_USERS_XLA_FLAGS} {FAST_COMPILE_XLA_FLAG}"
+
 
 import logging  # noqa: E402
 import socket  # noqa: E402
@@ -57,6 +66,7 @@ def _xla_optimized(request, monkeypatch):
     import jax  # pylint: disable=import-outside-toplevel
     less_optimized = jax.config.read("jax_disable_most_optimizations")  # JAX's reading of the variable set above
     monkeypatch.setenv("JAX_DISABLE_MOST_OPTIMIZATIONS", "0")
+    monkeypatch.setenv("XLA_FLAGS", _USERS_XLA_FLAGS)
     jax.config.update("jax_disable_most_optimizations", False)
     try:
         yield

@@ -30,35 +30,31 @@ os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 # At -O0, XLA:CPU's older kernel emitters too: the tiny train step compiles in 4.5 s instead of 7.3 and runs as fast;
 # at -O2 they are slower to compile (10.3 s against 9.3; the checkpoint summaries 9.0 s against 2.9), so -O2 compiles
 # keep XLA's default (docs/performance.md, Compile time on the CPU). The driver processes tests start read it from
-# XLA_FLAGS (one marked xla_optimized starts them with the driver's own flags), and this process per compile, from
-# jax_disable_most_optimizations then (_emitters_per_optimization_level). The AVX pass (.ci/run) runs at -O2 and so
-# compiles as users' runs do.
+# XLA_FLAGS (one marked xla_optimized starts them with the driver's own flags); this process's -O2 compiles override
+# it (_default_emitters_at_o2). The AVX pass (.ci/run) runs at -O2 and so compiles as users' runs do.
 _USERS_XLA_FLAGS = os.environ["XLA_FLAGS"]
 _EMITTERS_FLAG = "xla_cpu_use_fusion_emitters"
 if (os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"].lower() in ("1", "true", "t", "yes", "y", "on")
         and _EMITTERS_FLAG not in _USERS_XLA_FLAGS):
     os.environ["XLA_FLAGS"] = f"{_USERS_XLA_FLAGS} --{_EMITTERS_FLAG}=false"
 
+    def _default_emitters_at_o2():
+        """XLA's default emitters for each compile of this process at -O2 (a test marked xla_optimized). JAX has no
+        public setting for a compile option of every jit, so this wraps the function that makes them
+        (jax._src.compiler); an XLA option passed per compile overrides XLA_FLAGS', and is part of the compilation
+        cache's key. -O0 compiles pass nothing, so they share cache entries with the driver processes' compiles."""
+        import jax  # pylint: disable=import-outside-toplevel
+        from jax._src import compiler  # pylint: disable=import-outside-toplevel
+        get_compile_options = compiler.get_compile_options
 
-def _emitters_per_optimization_level():
-    """Each compile in this process says which emitters it uses: the older at -O0, XLA's default at -O2. JAX has no
-    public setting for a compile option of every jit, so this wraps the function that makes them (jax._src.compiler);
-    an XLA option passed per compile overrides XLA_FLAGS', and is part of the compilation cache's key."""
-    if _EMITTERS_FLAG in _USERS_XLA_FLAGS:  # the user's own choice stands
-        return
-    import jax  # pylint: disable=import-outside-toplevel
-    from jax._src import compiler  # pylint: disable=import-outside-toplevel
-    get_compile_options = compiler.get_compile_options
+        def with_emitters(*args, env_options_overrides=None, **kwargs):
+            if not jax.config.read("jax_disable_most_optimizations"):
+                env_options_overrides = {_EMITTERS_FLAG: True, **(env_options_overrides or {})}
+            return get_compile_options(*args, env_options_overrides=env_options_overrides, **kwargs)
 
-    def with_emitters(*args, env_options_overrides=None, **kwargs):
-        overrides = {_EMITTERS_FLAG: not jax.config.read("jax_disable_most_optimizations"),
-                     **(env_options_overrides or {})}
-        return get_compile_options(*args, env_options_overrides=overrides, **kwargs)
+        compiler.get_compile_options = with_emitters
 
-    compiler.get_compile_options = with_emitters
-
-
-_emitters_per_optimization_level()
+    _default_emitters_at_o2()
 
 
 import logging  # noqa: E402

@@ -48,3 +48,26 @@ def test_the_run_shares_one_cache_directory_that_keys_programs_and_flags(cache_e
     # Another XLA flag is another key, even for the same program (JAX reads XLA_FLAGS as it computes the key).
     monkeypatch.setenv("XLA_FLAGS", os.environ["XLA_FLAGS"] + " --xla_cpu_max_isa=AVX")
     assert outcomes(scale, x)[0] == {"misses"}
+
+
+def test_o2_compiles_here_use_xlas_default_emitters_and_o0_ones_the_suites():
+    """tests/conftest.py: at -O0 the suite's XLA_FLAGS turn XLA:CPU's newer kernel emitters off (this process and the
+    driver processes it starts), and each -O2 compile of this process (the comparisons with references) turns them
+    back on, as users' runs compile; -O0 compiles add nothing, so their cache keys are the driver processes'."""
+    from jax._src import compiler  # pylint: disable=import-outside-toplevel
+
+    def overrides():
+        options = compiler.get_compile_options(num_replicas=1, num_partitions=1, env_options_overrides={})
+        return dict(options.env_option_overrides)
+
+    less_optimized = jax.config.read("jax_disable_most_optimizations")
+    try:
+        jax.config.update("jax_disable_most_optimizations", True)
+        at_o0 = overrides()
+        jax.config.update("jax_disable_most_optimizations", False)
+        at_o2 = overrides()
+    finally:
+        jax.config.update("jax_disable_most_optimizations", less_optimized)
+    suites = "--xla_cpu_use_fusion_emitters=false" in os.environ["XLA_FLAGS"].split()
+    assert at_o0 == {}
+    assert at_o2 == ({"xla_cpu_use_fusion_emitters": True} if suites else {})

@@ -32,11 +32,17 @@ os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 # keep XLA's default (docs/performance.md, Compile time on the CPU). The driver processes tests start read it from
 # XLA_FLAGS (one marked xla_optimized starts them with the driver's own flags); this process's -O2 compiles override
 # it (_default_emitters_at_o2). The AVX pass (.ci/run) runs at -O2 and so compiles as users' runs do.
-_USERS_XLA_FLAGS = os.environ["XLA_FLAGS"]
 _EMITTERS_FLAG = "xla_cpu_use_fusion_emitters"
+_SUITES_EMITTERS = f"--{_EMITTERS_FLAG}=false"
+# Set where this file added _SUITES_EMITTERS: pytest-xdist's workers inherit the controller's environment, flag and
+# all, and must still tell the suite's flag from a user's.
+_ADDED_MARK = "BERT_JAX_TESTS_ADDED_XLA_FLAG"
+_USERS_XLA_FLAGS = " ".join(word for word in os.environ["XLA_FLAGS"].split()
+                            if not (word == _SUITES_EMITTERS and os.environ.get(_ADDED_MARK)))
 if (os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"].lower() in ("1", "true", "t", "yes", "y", "on")
         and _EMITTERS_FLAG not in _USERS_XLA_FLAGS):
-    os.environ["XLA_FLAGS"] = f"{_USERS_XLA_FLAGS} --{_EMITTERS_FLAG}=false"
+    os.environ["XLA_FLAGS"] = f"{_USERS_XLA_FLAGS} {_SUITES_EMITTERS}"
+    os.environ[_ADDED_MARK] = _SUITES_EMITTERS
 
     def _default_emitters_at_o2():
         """XLA's default emitters for each compile of this process at -O2 (a test marked xla_optimized). JAX has no

@@ -39,8 +39,9 @@ _SUITES_EMITTERS = f"--{_EMITTERS_FLAG}=false"
 _ADDED_MARK = "BERT_JAX_TESTS_ADDED_XLA_FLAG"
 _USERS_XLA_FLAGS = " ".join(word for word in os.environ["XLA_FLAGS"].split()
                             if not (word == _SUITES_EMITTERS and os.environ.get(_ADDED_MARK)))
-if (os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"].lower() in ("1", "true", "t", "yes", "y", "on")
-        and _EMITTERS_FLAG not in _USERS_XLA_FLAGS):
+import jax  # noqa: E402  (after the variables above: JAX reads JAX_DISABLE_MOST_OPTIMIZATIONS as it is imported)
+
+if jax.config.read("jax_disable_most_optimizations") and _EMITTERS_FLAG not in _USERS_XLA_FLAGS:
     os.environ["XLA_FLAGS"] = f"{_USERS_XLA_FLAGS} {_SUITES_EMITTERS}"
     os.environ[_ADDED_MARK] = _SUITES_EMITTERS
 
@@ -49,7 +50,6 @@ if (os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"].lower() in ("1", "true", "t", "
         public setting for a compile option of every jit, so this wraps the function that makes them
         (jax._src.compiler); an XLA option passed per compile overrides XLA_FLAGS', and is part of the compilation
         cache's key. -O0 compiles pass nothing, so they share cache entries with the driver processes' compiles."""
-        import jax  # pylint: disable=import-outside-toplevel
         from jax._src import compiler  # pylint: disable=import-outside-toplevel
         get_compile_options = compiler.get_compile_options
 
@@ -89,7 +89,6 @@ def _xla_optimized(request, monkeypatch):
     if not request.node.get_closest_marker("xla_optimized"):
         yield
         return
-    import jax  # pylint: disable=import-outside-toplevel
     less_optimized = jax.config.read("jax_disable_most_optimizations")  # JAX's reading of the variable set above
     monkeypatch.setenv("JAX_DISABLE_MOST_OPTIMIZATIONS", "0")
     monkeypatch.setenv("XLA_FLAGS", _USERS_XLA_FLAGS)

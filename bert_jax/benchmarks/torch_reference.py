@@ -1,7 +1,10 @@
-"""The reference the step benchmark compares with: HuggingFace transformers' BertForPreTraining (PyTorch) on CPU.
+"""The reference the benchmarks compare with: HuggingFace transformers' BERT models (PyTorch), on the JAX side's
+platform (the CPU, or CUDA where JAX runs on a GPU).
 
-The same architecture, the same batch and the same number of threads as bert_jax's step, over a full training step
-(forward, MLM + NSP loss, backward, clipping, AdamW). torch is imported only when a step is timed.
+The same architecture, the same batch (and on CPU the same number of threads) as bert_jax's step, over a full
+training step (forward, loss, backward, clipping, AdamW): BertForPreTraining for pretraining, and the
+sequence-classification, token-classification and question-answering models for the fine-tuning tasks. torch is
+imported only when a step is timed.
 """
 
 import importlib.util
@@ -26,14 +29,32 @@ def unavailable_reason() -> str:
     return ""
 
 
-def benchmark_step(model_config: model_lib.BertConfig, batch: dict[str, np.ndarray], steps: int, warmup: int,
-                   threads: int, gathered_head: bool, learning_rate: float = 1e-4) -> dict:
-    """Median wall time of a HuggingFace BertForPreTraining training step on CPU, on the same batch.
+# What each task trains in transformers: bert_jax's pretraining model and its fine-tuning heads (bert_jax.tasks).
+TASK_MODELS = {"pretraining": "BertForPreTraining", "sequence": "BertForSequenceClassification",
+               "tokens": "BertForTokenClassification", "qa": "BertForQuestionAnswering"}
 
-    One step: forward in train mode (dropout on), MLM cross-entropy over the masked positions + NSP, backward,
-    global-norm clipping to 1.0 and torch.optim.AdamW (weight decay 0.01, none on biases and LayerNorm), as our step.
-    gathered_head=False is HuggingFace's standard path (MLM logits at every position, labels -100 except the masked
-    ones); True runs `model.bert`, gathers the masked positions and applies `model.cls` to those vectors only.
+
+def torch_device(platform: str) -> str:
+    """The torch device of a JAX platform, so that both sides run on the same chip: "cuda" for gpu, "cpu" for cpu;
+    a ValueError for platforms torch does not run on here (TPU)."""
+    if platform not in ("cpu", "gpu"):
+        raise ValueError(f"transformers' side runs on the CPU or a CUDA GPU; JAX's platform is {platform}")
+    return "cuda" if platform == "gpu" else "cpu"
+
+
+def benchmark_step(model_config: model_lib.BertConfig, batch: dict[str, np.ndarray], steps: int, warmup: int,
+                   threads: int, gathered_head: bool, learning_rate: float = 1e-4, device: str = "cpu",
+                   task: str = "pretraining", num_labels: int = 2) -> dict:
+    """Median wall time of a HuggingFace training step on `device` ("cpu" or "cuda"), on the same batch.
+
+    One step: forward in train mode (dropout on), the task's loss, backward, global-norm clipping to 1.0 and
+    torch.optim.AdamW (weight decay 0.01, none on biases and LayerNorm), as our step; bfloat16 autocast where the
+    model config's dtype is bfloat16. Each timed step ends with the loss read back (and, on CUDA,
+    torch.cuda.synchronize), so the time is the device's work, not the launch.
+    task "pretraining": gathered_head=False is HuggingFace's standard path (MLM logits at every position, labels -100
+    except the masked ones); True runs `model.bert`, gathers the masked positions and applies `model.cls` to those
+    vectors only. The fine-tuning tasks (TASK_MODELS) read label_ids and weights as bert_jax.finetune's batches.
+    peak_bytes: torch.cuda.max_memory_allocated over this step's runs on CUDA, None on CPU.
     """
     import torch
     import transformers
@@ -41,21 +62,35 @@ def benchmark_step(model_config: model_lib.BertConfig, batch: dict[str, np.ndarr
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
     torch.manual_seed(0)
+    cuda = device == "cuda"
+    if cuda:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
     try:
-        model = transformers.BertForPreTraining(_hf_config(model_config)).to(torch.float32).train()
+        model_class = getattr(transformers, TASK_MODELS[task])
+        hf_config = _hf_config(model_config)
+        if task != "pretraining":
+            hf_config.num_labels = num_labels
+        model = model_class(hf_config).to(device=device, dtype=torch.float32).train()
         optimizer = _adamw(model, learning_rate)
-        step = _train_step(model, optimizer, batch, gathered_head, bfloat16=model_config.dtype == "bfloat16")
+        step = _train_step(model, optimizer, batch, gathered_head, bfloat16=model_config.dtype == "bfloat16",
+                           device=device, task=task)
+        synchronize = torch.cuda.synchronize if cuda else (lambda: None)
 
         first_loss = step()
         for _ in range(warmup):
             step()
         times, losses = [], []
         for _ in range(steps):
+            synchronize()
             start = time.perf_counter()
             losses.append(step())
+            synchronize()
             times.append(time.perf_counter() - start)
         return {"step_s": statistics.median(times), "step_times": times, "loss": first_loss, "last_loss": losses[-1],
                 "threads": torch.get_num_threads(), "attention": model.config._attn_implementation or "default",
+                "device": torch.cuda.get_device_name() if cuda else "cpu",
+                "peak_bytes": torch.cuda.max_memory_allocated() if cuda else None,
                 "torch_version": torch.__version__, "transformers_version": transformers.__version__}
     finally:
         torch.set_num_threads(previous_threads)
@@ -88,20 +123,42 @@ def _adamw(model, learning_rate: float):
                              lr=learning_rate, betas=(0.9, 0.999), eps=1e-6)
 
 
-def _train_step(model, optimizer, batch: dict[str, np.ndarray], gathered_head: bool, *, bfloat16: bool):
+def _task_loss_fn(model, batch: dict[str, np.ndarray], task: str, tensor):
+    """The loss of a fine-tuning task's model on bert_jax.finetune's batch layout (label_ids, weights)."""
+    import torch
+
+    inputs = {"input_ids": tensor(batch["input_ids"], torch.long),
+              "attention_mask": tensor(batch["input_mask"], torch.long),
+              "token_type_ids": tensor(batch["segment_ids"], torch.long)}
+    label_ids = tensor(batch["label_ids"], torch.long)
+    if task == "qa":  # [rows, 2]: the answer's first and last piece
+        return lambda: model(**inputs, start_positions=label_ids[:, 0], end_positions=label_ids[:, 1]).loss
+    # Tokens: -100 (conll.IGNORE) already marks what no loss counts; sequence: one label per row.
+    return lambda: model(**inputs, labels=label_ids).loss
+
+
+def _train_step(model, optimizer, batch: dict[str, np.ndarray], gathered_head: bool, *, bfloat16: bool,
+                device: str = "cpu", task: str = "pretraining"):
     """A function running one training step on `batch` and returning its loss (a float)."""
     import torch
 
-    input_ids = torch.as_tensor(batch["input_ids"], dtype=torch.long)
-    attention_mask = torch.as_tensor(batch["input_mask"], dtype=torch.long)
-    token_type_ids = torch.as_tensor(batch["segment_ids"], dtype=torch.long)
-    positions = torch.as_tensor(batch["masked_lm_positions"], dtype=torch.long)
-    masked_lm_ids = torch.as_tensor(batch["masked_lm_ids"], dtype=torch.long)
-    weights = torch.as_tensor(batch["masked_lm_weights"], dtype=torch.float32)
-    nsp_labels = torch.as_tensor(batch["next_sentence_labels"], dtype=torch.long)
+    def tensor(array, dtype):
+        return torch.as_tensor(array, dtype=dtype).to(device)
+
+    autocast = torch.autocast(device, dtype=torch.bfloat16, enabled=bfloat16)
+    if task != "pretraining":
+        loss_fn = _task_loss_fn(model, batch, task, tensor)
+        return _optimizer_step(model, optimizer, loss_fn, autocast)
+
+    input_ids = tensor(batch["input_ids"], torch.long)
+    attention_mask = tensor(batch["input_mask"], torch.long)
+    token_type_ids = tensor(batch["segment_ids"], torch.long)
+    positions = tensor(batch["masked_lm_positions"], torch.long)
+    masked_lm_ids = tensor(batch["masked_lm_ids"], torch.long)
+    weights = tensor(batch["masked_lm_weights"], torch.float32)
+    nsp_labels = tensor(batch["next_sentence_labels"], torch.long)
     labels = torch.full_like(input_ids, -100)
     labels.scatter_(1, positions, torch.where(weights > 0, masked_lm_ids, -100))
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=bfloat16)
 
     def loss_fn():
         if not gathered_head:
@@ -115,6 +172,13 @@ def _train_step(model, optimizer, batch: dict[str, np.ndarray], gathered_head: b
                                                  reduction="none")
         mlm_loss = torch.sum(weights.flatten() * xent) / (weights.sum() + 1e-5)
         return mlm_loss + torch.nn.functional.cross_entropy(nsp_logits.float(), nsp_labels)
+
+    return _optimizer_step(model, optimizer, loss_fn, autocast)
+
+
+def _optimizer_step(model, optimizer, loss_fn, autocast):
+    """step() -> float: forward and loss under `autocast`, backward, clipping to 1.0, the optimizer's update."""
+    import torch
 
     def step():
         with autocast:

@@ -35,6 +35,7 @@ def test_the_gpu_check_runs_to_its_table_without_tensorflow(tmp_path):
          "--matmul_size=128", f"--out_dir={out}"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=400, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "; dropout RNG threefry" in result.stdout  # auto, on a CPU
     lines = result.stdout.splitlines()
     header = next(index for index, line in enumerate(lines) if line.startswith("section"))
     assert lines[header].split("  ")[0] == "section"

@@ -40,6 +40,7 @@ import numpy as np
 from bert_jax import metrics as metrics_lib
 from bert_jax import model as model_lib
 from bert_jax import presets
+from bert_jax import runtime
 from bert_jax.benchmarks import step as step_lib
 from bert_jax.benchmarks import torch_reference
 
@@ -68,6 +69,8 @@ def _define_flags():
                         "fine-tuning run takes; with BERT's attention dropout that is the reference path).")
     flags.DEFINE_enum("dtype", "bfloat16", ["bfloat16", "float32"], "Compute dtype of both sides (transformers: "
                       "autocast); parameters and optimizer state stay float32.")
+    flags.DEFINE_enum("dropout_rng", "auto", ["threefry", "rbg", "unsafe_rbg", "auto"], "The dropout key's PRNG "
+                      "(train.dropout_rng; auto: bert_jax.runtime.AUTO_DROPOUT_RNG for the platform, threefry on GPUs).")
     flags.DEFINE_integer("steps", 10, "Timed steps per row; the median is reported.")
     flags.DEFINE_integer("warmup", 2, "Untimed steps after the first.")
     flags.DEFINE_integer("matmul_size", 0, "Square matmul (in --dtype) of the measured ceiling; 0: 8192 (CPU: "
@@ -306,7 +309,7 @@ class _JaxSide:
             state = setup.create_state(jax.random.key(0))
             step = setup.step
             device_batch = sharding_lib.make_global_batch(batch, setup.batch_sharding)
-            rng = train.dropout_key(1, "threefry", self.device.platform)
+            rng = train.dropout_key(1, self.spec["dropout_rng"], self.device.platform)
             start = time.perf_counter()
             compiled = step.lower(state, device_batch, rng).compile()
             compile_s = time.perf_counter() - start
@@ -676,7 +679,8 @@ def header_lines(result: dict) -> list[str]:
     jax_result, torch_result = result["jax"], result.get("torch")
     peak = jax_result["peak_flops_per_s"]
     lines = [f"device: {jax_result['num_devices']} x {jax_result['device_kind']} ({jax_result['platform']}); "
-             f"jax {jax_result['jax_version']}, flax {jax_result['flax_version']}"
+             f"jax {jax_result['jax_version']}, flax {jax_result['flax_version']}; dropout RNG "
+             f"{runtime.dropout_rng_name(result['spec'].get('dropout_rng', 'auto'), jax_result['platform'])}"
              + (f"; torch {torch_result['torch_version']} (CUDA {torch_result['cuda']}), transformers "
                 f"{torch_result['transformers_version']}" if torch_result else "; transformers not run"),
              f"nominal bf16 peak: {peak / 1e12:.0f} TFLOP/s" if peak else "nominal bf16 peak: unknown for this device",
@@ -739,6 +743,7 @@ def _spec_from_flags() -> dict:
             "pack_shape": pack_shape, "pack_instances": FLAGS.pack_instances, "finetune_shape": finetune_shape,
             "finetune_tasks": list(FLAGS.finetune_tasks), "finetune_batch": FLAGS.finetune_batch,
             "finetune_attention": FLAGS.finetune_attention, "steps": FLAGS.steps, "warmup": FLAGS.warmup,
+            "dropout_rng": FLAGS.dropout_rng,
             "matmul_size": FLAGS.matmul_size, "memory_limit_gib": FLAGS.memory_limit_gib, "dtype": FLAGS.dtype}
 
 
@@ -816,7 +821,6 @@ def main(argv):
         with open(FLAGS.spec, encoding="utf-8") as file:
             spec = json.load(file)
         if FLAGS.side == "jax":
-            from bert_jax import runtime  # pylint: disable=import-outside-toplevel
             runtime.set_up_jax()
             spec["shapes"] = [tuple(shape) for shape in spec["shapes"]]
             for name in ("pack_shape", "finetune_shape"):

@@ -106,3 +106,16 @@ def test_bad_shapes_name_the_flag():
     with pytest.raises(ValueError, match=r"--shapes='huge:128': expected PRESET:SEQ_LENGTH"):
         gpu.parse_shape("huge:128", "shapes")
     assert gpu.parse_shape("large:512", "pack_shape") == ("large", 512)
+
+
+def test_rows_a_stopped_side_never_reached_are_listed_in_the_tables_order():
+    spec = {"shapes": [("base", 128), ("large", 512)], "attention": ["cudnn", "xla"], "pack_shape": ("large", 512),
+            "finetune_shape": ("base", 384), "finetune_tasks": ["sequence", "qa"], "finetune_attention": "auto"}
+    done = [{"section": "pretrain", "preset": "base", "seq_length": 128, "batch_size": 64, "attention": "cudnn",
+             "step_s": 0.07}]
+    rows = gpu.with_unreached_rows(spec, done, "not reached: stopped")
+    assert [(row["section"], row["preset"], row["attention"], row.get("packed")) for row in rows] == [
+        ("pretrain", "base", "cudnn", None), ("pretrain", "base", "xla", None), ("pretrain", "large", "cudnn", None),
+        ("pretrain", "large", "xla", None), ("pack", "large", "cudnn", False), ("pack", "large", "cudnn", True),
+        ("sequence", "base", "auto", None), ("qa", "base", "auto", None)]
+    assert rows[0] is done[0] and all(row["skipped"] == "not reached: stopped" for row in rows[1:])

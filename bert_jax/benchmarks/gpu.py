@@ -771,6 +771,29 @@ def _side(side: str, spec: dict, budget_s: float, grace_s: float, workdir: str) 
     return None, error or "it wrote no result"
 
 
+def planned_rows(spec: dict) -> list[tuple]:
+    """(section, preset, seq_length, attention, packed) of every row `spec` asks for."""
+    keys = [("pretrain", preset, seq_length, attention, None) for preset, seq_length in spec["shapes"]
+            for attention in spec["attention"]]
+    if spec["pack_shape"]:
+        keys += [("pack", *spec["pack_shape"], spec["attention"][0], packed) for packed in (False, True)]
+    if spec["finetune_shape"]:
+        keys += [(task, *spec["finetune_shape"], spec["finetune_attention"], None) for task in spec["finetune_tasks"]]
+    return keys
+
+
+def with_unreached_rows(spec: dict, rows: list[dict], why: str) -> list[dict]:
+    """`rows` plus a row saying `why` for each planned one the JAX side never wrote (it was stopped mid-row, or
+    died), in the table's order."""
+    present = {(row["section"], row["preset"], row["seq_length"], row["attention"], row.get("packed"))
+               for row in rows}
+    missing = [{"section": section, "preset": preset, "seq_length": seq_length, "batch_size": None,
+                "attention": attention, **({} if packed is None else {"packed": packed}), "skipped": why}
+               for section, preset, seq_length, attention, packed in planned_rows(spec)
+               if (section, preset, seq_length, attention, packed) not in present]
+    return sorted(rows + missing, key=functools.partial(_row_order, spec))
+
+
 def run(spec: dict, out_dir: str, budget_s: float, torch_side: str = "auto", print_fn=print) -> dict:
     """Both sides in turn, then the table: printed, and written to out_dir/gpu_check.{json,md}. Returns the result."""
     start = time.monotonic()
@@ -787,6 +810,8 @@ def run(spec: dict, out_dir: str, budget_s: float, torch_side: str = "auto", pri
         result["jax"], result["jax_error"] = jax_result, error
         if jax_result is None:
             raise RuntimeError(f"the JAX side produced no result: {error}")
+        jax_result["rows"] = with_unreached_rows(spec, jax_result["rows"], f"not reached: the JAX side {error}"
+                                                 if error else "not reached")
         if with_torch:
             left = budget_s - (time.monotonic() - start)
             torch_spec = {"jobs": torch_jobs(jax_result), "steps": spec["steps"], "warmup": spec["warmup"],

@@ -27,11 +27,11 @@ def test_the_gpu_check_runs_to_its_table_without_tensorflow(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(fake.parent), ROOT]), XLA_FLAGS=xla_flags)
     out = tmp_path / "out"
     # cudnn falls back to xla on the CPU; the pack shape is the first shape,
-    # so its unpacked side is timed with that row's executable. float32: bfloat16 autocast is slow in torch on CPUs.
+    # so its unpacked side is timed with that row's executable. --dtype is left to auto: float32 on a CPU.
     result = subprocess.run(
         [sys.executable, "-m", "bert_jax.benchmarks.gpu", "--shapes=tiny:64", "--batch_sizes=8",
          "--attention=cudnn", "--pack_shape=tiny:64", "--finetune_shape=tiny:32",
-         "--finetune_tasks=qa", "--finetune_batch=8", "--dtype=float32", "--steps=1", "--warmup=0",
+         "--finetune_tasks=qa", "--finetune_batch=8", "--steps=1", "--warmup=0",
          "--matmul_size=128", f"--out_dir={out}"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=400, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -47,6 +47,7 @@ def test_the_gpu_check_runs_to_its_table_without_tensorflow(tmp_path):
                                          ["qa", "tiny", "32", "8", "auto>reference"]]
     report = json.loads((out / "gpu_check.json").read_text())
     assert report["jax"]["platform"] == "cpu" and not report["jax_error"] and not report["torch_error"]
+    assert report["jax"]["dtype"] == "float32" and "float32 compute" in result.stdout
     jobs = report["torch"]["jobs"]
     assert {(job["task"], job["seq_length"], job["batch_size"]) for job in jobs} == {("pretraining", 64, 8),
                                                                                     ("qa", 32, 8)}

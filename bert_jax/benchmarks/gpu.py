@@ -4,7 +4,7 @@
 
 It needs jax with CUDA, flax, optax, orbax-checkpoint, absl-py, ml_collections, numpy, and for the comparison torch
 and transformers: no TensorFlow, no tf.data, no datasets (batches are synthetic, made in numpy). In at most
---budget_s seconds (default 420, inside 8 minutes with the start-up) it measures, in bfloat16:
+--budget_s seconds (default 420) it measures, in bfloat16 (--dtype; float32 on a CPU):
 - pretraining: for each of --shapes (BERT-base at seq 128, BERT-large at seq 512), the largest batch of
   --batch_sizes whose step fits the device's memory, and at that batch the step with each of --attention (cuDNN flash
   attention, XLA's dot_product_attention, the reference einsums): step time, sequences/s, tokens/s, MFU against the
@@ -67,10 +67,12 @@ def _define_flags():
     flags.DEFINE_integer("finetune_batch", 32, "Fine-tuning batch size.")
     flags.DEFINE_string("finetune_attention", "auto", "model.attention of the fine-tuning steps (auto: what a "
                         "fine-tuning run takes; with BERT's attention dropout that is the reference path).")
-    flags.DEFINE_enum("dtype", "bfloat16", ["bfloat16", "float32"], "Compute dtype of both sides (transformers: "
-                      "autocast); parameters and optimizer state stay float32.")
+    flags.DEFINE_enum("dtype", "auto", ["auto", "bfloat16", "float32"], "Compute dtype of both sides (transformers: "
+                      "autocast); parameters and optimizer state stay float32. auto: bfloat16 on an accelerator, "
+                      "float32 on a CPU (where torch's bfloat16 autocast is slow).")
     flags.DEFINE_enum("dropout_rng", "auto", ["threefry", "rbg", "unsafe_rbg", "auto"], "The dropout key's PRNG "
-                      "(train.dropout_rng; auto: bert_jax.runtime.AUTO_DROPOUT_RNG for the platform, threefry on GPUs).")
+                      "(train.dropout_rng; auto: bert_jax.runtime.AUTO_DROPOUT_RNG for the platform, threefry on "
+                      "GPUs).")
     flags.DEFINE_integer("steps", 10, "Timed steps per row; the median is reported.")
     flags.DEFINE_integer("warmup", 2, "Untimed steps after the first.")
     flags.DEFINE_integer("matmul_size", 0, "Square matmul (in --dtype) of the measured ceiling; 0: 8192 (CPU: "
@@ -447,7 +449,8 @@ class _JaxSide:
         flops = metrics_lib.model_flops_per_sequence(config, seq_length, slots) * batch_size
         # Instances as a steady stream trains them (packed_batch): the batch's real tokens over the mean length.
         self._row("pack", preset, seq_length, batch_size, attention, packed=True, **result, flops_per_step=flops,
-                  sequences=float(batch["input_mask"].sum()) / float(lengths.mean()), instances_in_batch=placed, real_tokens=int(batch["input_mask"].sum()),
+                  sequences=float(batch["input_mask"].sum()) / float(lengths.mean()), instances_in_batch=placed,
+                  real_tokens=int(batch["input_mask"].sum()),
                   taken=_attention_taken(attention, config, batch_size, seq_length, True))
 
     def finetuning(self, preset: str, seq_length: int) -> None:
@@ -508,6 +511,9 @@ def run_jax_side(spec: dict, deadline: float, write=None) -> dict:
     import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
 
     side = _JaxSide(spec, deadline, on_row=(lambda side: write(_jax_result(side))) if write else None)
+    if spec["dtype"] == "auto":
+        spec = dict(spec, dtype="float32" if side.device.platform == "cpu" else "bfloat16")
+        side.spec = spec
     matmul_size = spec["matmul_size"] or (1024 if side.device.platform == "cpu" else 8192)
     before = step_lib.matmul_ceiling(matmul_size, jnp.dtype(spec["dtype"]))
     side.ceilings = (before, before)
@@ -543,6 +549,7 @@ def _jax_result(side: _JaxSide) -> dict:
     return {"rows": sorted(side.rows, key=functools.partial(_row_order, side.spec)),
             "device_kind": side.device.device_kind, "platform": side.device.platform,
             "num_devices": len(side.devices), "jax_version": jax.__version__, "flax_version": flax.__version__,
+            "dtype": side.spec["dtype"],
             "peak_flops_per_s": metrics_lib.peak_flops_per_device(side.device) * len(side.devices),
             # Fake CPU devices share the host's cores: its ceiling is not multiplied (as bert_jax.benchmarks.step).
             "ceiling_flops_per_s": max(before, after) * (1 if side.device.platform == "cpu" else len(side.devices)),
@@ -684,11 +691,12 @@ def header_lines(result: dict) -> list[str]:
              + (f"; torch {torch_result['torch_version']} (CUDA {torch_result['cuda']}), transformers "
                 f"{torch_result['transformers_version']}" if torch_result else "; transformers not run"),
              f"nominal bf16 peak: {peak / 1e12:.0f} TFLOP/s" if peak else "nominal bf16 peak: unknown for this device",
-             f"measured {result['spec']['dtype']} matmul ceiling ({jax_result['matmul_size']}^3): "
+             f"measured {jax_result['dtype']} matmul ceiling ({jax_result['matmul_size']}^3): "
              f"{jax_result['ceiling_flops_per_s'] / 1e12:.4g} TFLOP/s (the higher of before the steps, "
              f"{jax_result['ceiling_before_flops_per_s'] / 1e12:.4g}, and after them, "
              f"{jax_result['ceiling_after_flops_per_s'] / 1e12:.4g})",
-             f"{result['spec']['dtype']} compute, float32 parameters and optimizer; model FLOPs as bert_jax.metrics counts them; seq/s "
+             f"{jax_result['dtype']} compute, float32 parameters and optimizer; model FLOPs as bert_jax.metrics counts "
+             "them; seq/s "
              "counts instances (several per packed row); x torch = transformers' time per instance / ours; "
              "cudnn and xla rows: attention dropout 0 (the fused kernels have none), reference and transformers: 0.1; "
              "A>B: attention A requested, B ran",
@@ -815,7 +823,7 @@ def run(spec: dict, out_dir: str, budget_s: float, torch_side: str = "auto", pri
         if with_torch:
             left = budget_s - (time.monotonic() - start)
             torch_spec = {"jobs": torch_jobs(jax_result), "steps": spec["steps"], "warmup": spec["warmup"],
-                          "platform": jax_result["platform"], "dtype": spec["dtype"]}
+                          "platform": jax_result["platform"], "dtype": jax_result["dtype"]}
             result["torch"], result["torch_error"] = _side("torch", torch_spec, max(left, 30) * 0.8,
                                                            max(left, 30) * 0.2, workdir)
     result["seconds"] = time.monotonic() - start

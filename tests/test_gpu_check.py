@@ -89,7 +89,7 @@ def test_packed_rows_hold_whole_instances_laid_out_as_the_packer_lays_them():
         assert np.all(batch["masked_lm_ids"][row][predictions] >= 1000) and np.all(ids[masked] > 0)
     assert real == batch["input_mask"].sum() and placed == int(batch["nsp_weights"].sum())
     assert batch["input_mask"].mean() > 0.9  # first fit over 64 instances fills the rows
-    unpacked = gpu.unpacked_batch(lengths[:8], 128, gpu.max_predictions(128), vocab_size=30522, seed=4)
+    unpacked = gpu.unpacked_batch(lengths[:8], 128, step_benchmark.default_max_predictions(128), vocab_size=30522, seed=4)
     assert np.array_equal(unpacked["input_mask"].sum(1), lengths[:8])
 
 

@@ -23,7 +23,6 @@ fit the budget are listed as skipped. It prints one table and writes gpu_check.j
 On a CPU the same command runs at small shapes (the tests do: tiny presets, no cuDNN).
 """
 
-import dataclasses
 import functools
 import gc
 import json
@@ -70,9 +69,7 @@ def _define_flags():
     flags.DEFINE_enum("dtype", "auto", ["auto", "bfloat16", "float32"], "Compute dtype of both sides (transformers: "
                       "autocast); parameters and optimizer state stay float32. auto: bfloat16 on an accelerator, "
                       "float32 on a CPU (where torch's bfloat16 autocast is slow).")
-    flags.DEFINE_enum("dropout_rng", "auto", ["threefry", "rbg", "unsafe_rbg", "auto"], "The dropout key's PRNG "
-                      "(train.dropout_rng; auto: bert_jax.runtime.AUTO_DROPOUT_RNG for the platform, threefry on "
-                      "GPUs).")
+    step_lib.define_dropout_rng_flag("auto")
     flags.DEFINE_integer("steps", 10, "Timed steps per row; the median is reported.")
     flags.DEFINE_integer("warmup", 2, "Untimed steps after the first.")
     flags.DEFINE_integer("matmul_size", 0, "Square matmul (in --dtype) of the measured ceiling; 0: 8192 (CPU: "
@@ -94,10 +91,6 @@ def parse_shape(text: str, flag: str) -> tuple[str, int]:
         raise ValueError(f"--{flag}={text!r}: expected PRESET:SEQ_LENGTH with PRESET one of "
                          f"{list(presets.MODEL_PRESETS)} and SEQ_LENGTH >= 8, e.g. base:128")
     return preset, int(seq)
-
-
-def max_predictions(seq_length: int) -> int:
-    return max(1, round(0.15 * seq_length))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -125,7 +118,7 @@ def unpacked_batch(lengths: np.ndarray, seq_length: int, num_predictions: int, v
                  masked_lm_weights=np.zeros((rows, num_predictions), np.float32),
                  next_sentence_labels=rng.integers(0, 2, size=rows).astype(np.int32))
     for row, length in enumerate(lengths):
-        count = min(max_predictions(length), num_predictions)
+        count = min(step_lib.default_max_predictions(length), num_predictions)
         ids, positions = _instance(rng, int(length), count, vocab_size)
         batch["masked_lm_ids"][row, :count] = ids[positions]
         ids[positions] = step_lib.MASK_ID
@@ -140,7 +133,7 @@ def unpacked_batch(lengths: np.ndarray, seq_length: int, num_predictions: int, v
 def packed_predictions(seq_length: int, max_instances: int) -> int:
     """MLM slots of a packed row: 15% of its tokens plus the rounding up of each instance's 15%, so a row's slots
     never run out before its tokens do."""
-    return max_predictions(seq_length) + (max_instances + 1) // 2
+    return step_lib.default_max_predictions(seq_length) + (max_instances + 1) // 2
 
 
 def packed_batch(lengths: np.ndarray, rows: int, seq_length: int, max_instances: int, vocab_size: int,
@@ -165,7 +158,7 @@ def packed_batch(lengths: np.ndarray, rows: int, seq_length: int, max_instances:
     slots, offsets, used = (np.zeros(rows, np.int64) for _ in range(3))
     placed = 0
     for length in (int(length) for length in lengths):
-        count = max_predictions(length)
+        count = step_lib.default_max_predictions(length)
         room = (slots < max_instances) & (offsets + length <= seq_length) & (used + count <= num_predictions)
         if not room.any():
             continue
@@ -215,30 +208,20 @@ def finetune_batch(task: str, batch_size: int, seq_length: int, vocab_size: int,
     return batch
 
 
+def pretraining_config(preset: str, seq_length: int, attention: str, dtype: str, predictions: int = 1,
+                       batch_size: int = 1):
+    """The config of a row: bert_jax.benchmarks.step's, for as many steps as the schedule needs never to matter."""
+    return step_lib.preset_config(preset, seq_length, predictions, dtype, batch_size, 1000, attention)
+
+
 def model_config(preset: str, seq_length: int, attention: str = "auto", dtype: str = "bfloat16"
                  ) -> model_lib.BertConfig:
-    """The preset's BertConfig in `dtype` for `seq_length`, with attention dropout off for the fused kernels
-    (they have none)."""
-    config = presets.pretraining_config(preset)
-    config.model.dtype = dtype
-    config.model.attention = attention
-    if attention in ("cudnn", "xla", "pallas"):
-        config.model.attention_dropout_rate = 0.0
-    config.model.max_position_embeddings = max(config.model.max_position_embeddings, seq_length)
-    return model_lib.BertConfig.from_config(config.model)
+    """The BertConfig of a row (see `pretraining_config`)."""
+    return model_lib.BertConfig.from_config(pretraining_config(preset, seq_length, attention, dtype).model)
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # The JAX side.
-
-def _memory_bytes(compiled) -> int:
-    """XLA's buffers for one step: arguments + outputs - donated (aliased) + temporaries."""
-    analysis = compiled.memory_analysis()
-    if analysis is None:
-        return 0
-    return (analysis.argument_size_in_bytes + analysis.output_size_in_bytes - analysis.alias_size_in_bytes
-            + analysis.temp_size_in_bytes)
-
 
 def _is_out_of_memory(error: Exception) -> bool:
     text = str(error)
@@ -252,13 +235,14 @@ def _short(error: Exception) -> str:
 
 def _attention_taken(requested: str, config: model_lib.BertConfig, batch_size: int, seq_length: int,
                      packed: bool) -> str:
-    """What `requested` resolves to in a training step of these shapes (bert_jax.attention's own choice)."""
-    import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+    """What `requested` resolves to in a training step of these shapes (bert_jax.attention's own choice, which reads
+    only shapes and dtypes: nothing is allocated)."""
+    import jax  # pylint: disable=import-outside-toplevel
     from bert_jax import attention as attention_lib  # pylint: disable=import-outside-toplevel
 
     head_dim = config.hidden_size // config.num_heads
-    query = jnp.zeros((batch_size, seq_length, config.num_heads, head_dim), jnp.dtype(config.dtype))
-    ids = jnp.ones((batch_size, seq_length), jnp.int32)
+    query = jax.ShapeDtypeStruct((batch_size, seq_length, config.num_heads, head_dim), config.dtype)
+    ids = jax.ShapeDtypeStruct((batch_size, seq_length), "int32")
     mask = attention_lib.SegmentMask(ids) if packed else ids
     return attention_lib.attention_implementation(requested, query, query, mask, True, config.attention_dropout_rate)
 
@@ -266,17 +250,13 @@ def _attention_taken(requested: str, config: model_lib.BertConfig, batch_size: i
 class _JaxSide:
     """Measures the rows of one spec in this process, appending each result (or why it has none) to `rows`."""
 
-    def __init__(self, spec: dict, deadline: float, on_row=None):
-        import jax  # pylint: disable=import-outside-toplevel
-
+    def __init__(self, spec: dict, devices, deadline: float, matmul_size: int, on_row=None):
+        """`spec`'s dtype resolved (not auto)."""
+        self.spec, self.devices, self.deadline, self.matmul_size, self.on_row = (spec, devices, deadline, matmul_size,
+                                                                                 on_row)
+        self.device = devices[0]
         self.started = time.monotonic()
-        self.on_row = on_row
         self.ceilings = (0.0, 0.0)
-
-        self.jax = jax
-        self.spec, self.deadline = spec, deadline
-        self.devices = jax.devices()
-        self.device = self.devices[0]
         stats = self.device.memory_stats() or {}
         limit = spec["memory_limit_gib"] * 2**30 or stats.get("bytes_limit", 0)
         self.memory_limit = int(limit)
@@ -299,24 +279,23 @@ class _JaxSide:
     def _out_of_time(self) -> bool:
         return time.monotonic() > self.deadline
 
-    def _timed_step(self, setup, batch: dict, extra_batches: dict | None = None) -> dict:
-        """Compiles the setup's pretraining (or given) step for `batch`, times it, and times `extra_batches` (same
+    def _timed_step(self, setup, step, batch: dict, extra_batches: dict | None = None) -> dict:
+        """Compiles `step` (jitted over `setup`'s state) for `batch`, times it, and times `extra_batches` (same
         shapes) with the same executable."""
+        import jax  # pylint: disable=import-outside-toplevel
         from bert_jax import sharding as sharding_lib  # pylint: disable=import-outside-toplevel
         from bert_jax import train  # pylint: disable=import-outside-toplevel
 
-        jax = self.jax
         steps, warmup = self.spec["steps"], self.spec["warmup"]
         with jax.set_mesh(setup.mesh):
             state = setup.create_state(jax.random.key(0))
-            step = setup.step
             device_batch = sharding_lib.make_global_batch(batch, setup.batch_sharding)
             rng = train.dropout_key(1, self.spec["dropout_rng"], self.device.platform)
             start = time.perf_counter()
             compiled = step.lower(state, device_batch, rng).compile()
             compile_s = time.perf_counter() - start
-            memory = _memory_bytes(compiled)
-            analysis = compiled.memory_analysis()
+            memory = step_lib.xla_bytes(compiled)
+            analysis = compiled.memory_analysis()  # XLA keeps it: asked again, not recomputed
             result = {"compile_s": compile_s, "xla_bytes": memory,
                       "argument_bytes": analysis.argument_size_in_bytes if analysis is not None else None}
             if self.memory_limit and memory > self.memory_limit:
@@ -336,20 +315,14 @@ class _JaxSide:
         gc.collect()
         return result
 
-    def _pretraining_setup(self, preset: str, seq_length: int, batch_size: int, attention: str, predictions: int):
+    def _pretraining_step(self, preset: str, seq_length: int, batch_size: int, attention: str, predictions: int,
+                          batch: dict, extra_batches: dict | None = None) -> dict:
+        """`_timed_step` of the pretraining step of a row."""
         from bert_jax import train  # pylint: disable=import-outside-toplevel
 
-        config = presets.pretraining_config(preset)
-        config.model.dtype = self.spec["dtype"]
-        config.model.attention = attention
-        if attention in ("cudnn", "xla", "pallas"):
-            config.model.attention_dropout_rate = 0.0
-        config.data.max_seq_length = seq_length
-        config.data.max_predictions_per_seq = predictions
-        config.train.batch_size = batch_size
-        config.model.max_position_embeddings = max(config.model.max_position_embeddings, seq_length)
-        setup = train.pretraining_setup(config, self.devices, num_steps=1000)
-        return _WithStep(setup, setup.pretraining_step())
+        config = pretraining_config(preset, seq_length, attention, self.spec["dtype"], predictions, batch_size)
+        setup = train.pretraining_setup(config, self.devices)
+        return self._timed_step(setup, setup.pretraining_step(), batch, extra_batches)
 
     def _row(self, section: str, preset: str, seq_length: int, batch_size: int, attention: str, **fields) -> dict:
         row = {"section": section, "preset": preset, "seq_length": seq_length, "batch_size": batch_size,
@@ -372,12 +345,14 @@ class _JaxSide:
         fits the memory limit and that runs (a candidate that XLA's estimate at a larger one says cannot fit is not
         compiled); the others are measured at that batch. With `pack`, the row that picks the batch also times the
         packing comparison's unpacked batch on the same executable and fills `pack` in."""
-        predictions = max_predictions(seq_length)
-        vocab = presets.pretraining_config(preset).model.vocab_size
+        predictions = step_lib.default_max_predictions(seq_length)
         candidates = sorted({int(size) for size in self.spec["batch_sizes"]}, reverse=True)
         candidates = [size for size in candidates if size % len(self.devices) == 0]
+        if not fitted:
+            self._measured = None  # another shape's memory says nothing of this one's
         for attention in attentions:
             config = model_config(preset, seq_length, attention, self.spec["dtype"])
+            vocab = config.vocab_size
             if self._out_of_time():
                 self._row("pretrain", preset, seq_length, fitted, attention, skipped="time budget (--budget_s)")
                 continue
@@ -393,8 +368,8 @@ class _JaxSide:
                     extra["unpacked"] = unpacked_batch(pack_instance_lengths(batch_size, seq_length, 0), seq_length,
                                                        predictions, vocab, 1)
                 try:
-                    setup = self._pretraining_setup(preset, seq_length, batch_size, attention, predictions)
-                    result = self._timed_step(setup, batch, extra)
+                    result = self._pretraining_step(preset, seq_length, batch_size, attention, predictions, batch,
+                                                    extra)
                 except Exception as error:  # pylint: disable=broad-except  # a row's failure is its result
                     result = {"error": _short(error), "out_of_memory": _is_out_of_memory(error)}
                 if result.get("out_of_memory") and not fitted:
@@ -419,8 +394,7 @@ class _JaxSide:
 
     def packing(self, preset: str, seq_length: int, pack: dict) -> None:
         """Unpacked (timed with the shape's first pretraining row) against packed rows of the same instances."""
-        predictions = max_predictions(seq_length)
-        vocab = presets.pretraining_config(preset).model.vocab_size
+        predictions = step_lib.default_max_predictions(seq_length)
         attention = pack.get("attention", self.spec["attention"][0])
         batch_size = pack.get("batch_size")
         if batch_size is None:
@@ -429,9 +403,10 @@ class _JaxSide:
         lengths = pack_instance_lengths(batch_size * self.spec["pack_instances"], seq_length, 0)
         unpacked_lengths = lengths[:batch_size]
         config = model_config(preset, seq_length, attention, self.spec["dtype"])
-        flops = metrics_lib.model_flops_per_sequence(config, seq_length, predictions) * batch_size
+        unpacked_flops = metrics_lib.model_flops_per_sequence(config, seq_length, predictions) * batch_size
         self._row("pack", preset, seq_length, batch_size, attention, packed=False, step_s=pack["unpacked_step_s"],
-                  compile_s=pack["unpacked_compile_s"], xla_bytes=pack["unpacked_xla_bytes"], flops_per_step=flops,
+                  compile_s=pack["unpacked_compile_s"], xla_bytes=pack["unpacked_xla_bytes"],
+                  flops_per_step=unpacked_flops,
                   sequences=batch_size, real_tokens=int(unpacked_lengths.sum()),
                   taken=_attention_taken(attention, config, batch_size, seq_length, False))
         if self._out_of_time():
@@ -439,11 +414,10 @@ class _JaxSide:
                       skipped="time budget (--budget_s)")
             return
         instances = self.spec["pack_instances"]
-        batch, placed = packed_batch(lengths, batch_size, seq_length, instances, vocab, 1)
+        batch, placed = packed_batch(lengths, batch_size, seq_length, instances, config.vocab_size, 1)
         slots = packed_predictions(seq_length, instances)
         try:
-            setup = self._pretraining_setup(preset, seq_length, batch_size, attention, slots)
-            result = self._timed_step(setup, batch)
+            result = self._pretraining_step(preset, seq_length, batch_size, attention, slots, batch)
         except Exception as error:  # pylint: disable=broad-except
             result = {"error": _short(error)}
         flops = metrics_lib.model_flops_per_sequence(config, seq_length, slots) * batch_size
@@ -465,34 +439,23 @@ class _JaxSide:
             if self._out_of_time():
                 self._row(task, preset, seq_length, batch_size, attention, skipped="time budget (--budget_s)")
                 continue
-            config = model_config(preset, seq_length, attention, self.spec["dtype"])
+            base = pretraining_config(preset, seq_length, attention, self.spec["dtype"])
+            config = model_lib.BertConfig.from_config(base.model)
             try:
-                base = presets.pretraining_config(preset)
                 model = tasks.head_model(task, config, TASK_LABELS[task])
-                tx, schedule = optim.create_optimizer(base.optim, 1000)
+                tx, schedule = optim.create_optimizer(base.optim, base.train.num_steps)
                 mesh = sharding_lib.create_mesh(base.mesh, self.devices)
                 rules = sharding_lib.logical_rules(base.mesh)
                 setup = train.Setup.build(model, tx, schedule, mesh, rules, train.init_inputs(seq_length))
-                setup = _WithStep(setup, setup.jit_train_step(finetune_lib.make_train_step(model, tx, schedule,
-                                                                                           rules)))
                 batch = finetune_batch(task, batch_size, seq_length, config.vocab_size, 2)
-                result = self._timed_step(setup, batch)
+                result = self._timed_step(setup, setup.jit_train_step(finetune_lib.make_train_step(
+                    model, tx, schedule, rules)), batch)
                 result["real_tokens"] = int(batch["input_mask"].sum())
             except Exception as error:  # pylint: disable=broad-except
                 result = {"error": _short(error)}
             flops = metrics_lib.model_flops_per_sequence(config, seq_length, 0) * batch_size
             self._row(task, preset, seq_length, batch_size, attention, **result, flops_per_step=flops,
                       sequences=batch_size, taken=_attention_taken(attention, config, batch_size, seq_length, False))
-
-
-@dataclasses.dataclass(frozen=True)
-class _WithStep:
-    """A train.Setup with the jitted step to time."""
-    setup: object
-    step: object
-
-    def __getattr__(self, name):
-        return getattr(self.setup, name)
 
 
 def _row_order(spec: dict, row: dict) -> tuple:
@@ -508,28 +471,28 @@ def _row_order(spec: dict, row: dict) -> tuple:
 def run_jax_side(spec: dict, deadline: float, write=None) -> dict:
     """Every JAX row of `spec`, the device and the matmul ceilings; stops starting rows after `deadline`.
     write(result), if given, gets the result so far after every row."""
+    import jax  # pylint: disable=import-outside-toplevel
     import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
 
-    side = _JaxSide(spec, deadline, on_row=(lambda side: write(_jax_result(side))) if write else None)
+    devices = jax.devices()
+    cpu = devices[0].platform == "cpu"
     if spec["dtype"] == "auto":
-        spec = dict(spec, dtype="float32" if side.device.platform == "cpu" else "bfloat16")
-        side.spec = spec
-    matmul_size = spec["matmul_size"] or (1024 if side.device.platform == "cpu" else 8192)
+        spec = dict(spec, dtype="float32" if cpu else "bfloat16")
+    matmul_size = spec["matmul_size"] or (1024 if cpu else 8192)
+    side = _JaxSide(spec, devices, deadline, matmul_size,
+                    on_row=(lambda side: write(_jax_result(side))) if write else None)
     before = step_lib.matmul_ceiling(matmul_size, jnp.dtype(spec["dtype"]))
     side.ceilings = (before, before)
-    side.matmul_size = matmul_size
     # Every shape's first attention (which picks the batch), packing and fine-tuning come before the other
     # attentions, so a budget that runs out costs the least telling rows.
     first, others = spec["attention"][:1], spec["attention"][1:]
     pack = {} if spec["pack_shape"] else None
     fitted = {}
     for preset, seq_length in spec["shapes"]:
-        side._measured = None
         shape_pack = pack if spec["pack_shape"] == (preset, seq_length) else None
         fitted[preset, seq_length] = side.pretraining(preset, seq_length, first, shape_pack)
     if pack is not None:
         if "batch_size" not in pack and spec["pack_shape"] not in fitted:  # not among --shapes: measured here
-            side._measured = None
             side.pretraining(*spec["pack_shape"], first, pack)
         side.packing(*spec["pack_shape"], pack)
     if spec["finetune_shape"]:
@@ -601,7 +564,8 @@ def run_torch_side(jobs: list[dict], steps: int, warmup: int, deadline: float, p
         try:
             if job["task"] == "pretraining":
                 batch = step_lib.synthetic_batch(job["batch_size"], job["seq_length"],
-                                                 max_predictions(job["seq_length"]), config.vocab_size)
+                                                 step_lib.default_max_predictions(job["seq_length"]),
+                                                 config.vocab_size)
                 for gathered in (False, True):
                     measured = torch_reference.benchmark_step(config, batch, steps, warmup, os.cpu_count() or 1,
                                                               gathered, device=device)

@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bert_jax import attention as attention_lib
 from bert_jax import metrics as metrics_lib
 from bert_jax import presets
 from bert_jax import runtime
@@ -57,9 +58,14 @@ def _define_flags():
     flags.DEFINE_enum("matmuls", "total", ["total", "shapes", "off"], "After the steps, time each distinct matmul of "
                       "the step alone (one device only) and print their total as a bound on the step ('shapes': also "
                       "one line per distinct matmul).")
-    flags.DEFINE_enum("dropout_rng", "threefry", ["threefry", "rbg", "unsafe_rbg", "auto"], "The dropout key's PRNG "
+    define_dropout_rng_flag("threefry")
+
+
+def define_dropout_rng_flag(default: str) -> None:
+    """--dropout_rng, as the benchmark programs take it (train.dropout_rng's choices)."""
+    flags.DEFINE_enum("dropout_rng", default, ["threefry", "rbg", "unsafe_rbg", "auto"], "The dropout key's PRNG "
                       "(configs/pretrain.py train.dropout_rng; auto: bert_jax.runtime.AUTO_DROPOUT_RNG for this "
-                      "platform).")
+                      "platform: threefry on CPUs and GPUs).")
 
 
 FLAGS = flags.FLAGS
@@ -139,9 +145,21 @@ def synthetic_batch(batch_size: int, seq_length: int, max_predictions: int, voca
     }
 
 
-def _preset(size: str, seq_length: int, max_predictions: int, dtype: str, batch_size: int, num_steps: int):
+def default_max_predictions(seq_length: int) -> int:
+    """Masked positions per sequence when none are given: 15% of seq_length, at least 1."""
+    return max(1, round(0.15 * seq_length))
+
+
+def preset_config(size: str, seq_length: int, max_predictions: int, dtype: str, batch_size: int, num_steps: int,
+                  attention: str = "auto"):
+    """The pretraining config the benchmarks measure: preset `size` at these shapes, dtype and attention. The fused
+    kernels (xla, cudnn, pallas) have no attention dropout, so with one of them it is off."""
     config = presets.pretraining_config(size)
     config.model.dtype = dtype
+    config.model.attention = attention
+    if attention in attention_lib.FUSED_IMPLEMENTATIONS:
+        config.model.attention_dropout_rate = 0.0
+    config.model.max_position_embeddings = max(config.model.max_position_embeddings, seq_length)
     config.data.max_seq_length = seq_length
     config.data.max_predictions_per_seq = max_predictions
     config.train.batch_size = batch_size
@@ -149,18 +167,25 @@ def _preset(size: str, seq_length: int, max_predictions: int, dtype: str, batch_
     return config
 
 
+def xla_bytes(compiled) -> int:
+    """XLA's own account of a compiled step's buffers per device: parameters + optimizer state + batch in, new state
+    out (donated, so aliased), and temporaries; 0 where the backend gives none."""
+    analysis = compiled.memory_analysis()
+    if analysis is None:
+        return 0
+    return (analysis.argument_size_in_bytes + analysis.output_size_in_bytes - analysis.alias_size_in_bytes
+            + analysis.temp_size_in_bytes)
+
+
 def _memory_stats(compiled, device) -> dict[str, float]:
     """XLA's own account of the step's buffers, and the measured peak (device allocator, else process RSS)."""
-    analysis = compiled.memory_analysis()
-    # Per device: parameters + optimizer state + batch in, new state out (donated, so aliased), and temporaries.
-    xla_bytes = (analysis.argument_size_in_bytes + analysis.output_size_in_bytes - analysis.alias_size_in_bytes
-                 + analysis.temp_size_in_bytes) if analysis is not None else 0
+    buffers = xla_bytes(compiled)
     stats = device.memory_stats() or {}
     if "peak_bytes_in_use" in stats:
-        return {"xla_bytes": xla_bytes, "peak_bytes": stats["peak_bytes_in_use"],
+        return {"xla_bytes": buffers, "peak_bytes": stats["peak_bytes_in_use"],
                 "peak_kind": "device allocator peak_bytes_in_use since process start (so it includes the "
                               "ceiling's matmul operands and earlier presets)"}
-    return {"xla_bytes": xla_bytes, "peak_bytes": peak_rss_bytes(),
+    return {"xla_bytes": buffers, "peak_bytes": peak_rss_bytes(),
             "peak_kind": "process peak RSS (whole process so far)"}
 
 
@@ -182,7 +207,7 @@ def benchmark_step(size: str, seq_length: int, batch_size: int, max_predictions:
     if batch_size % len(devices):
         raise ValueError(f"--batch_size={batch_size} must be a multiple of the {len(devices)} devices "
                          "(the benchmark shards the batch over all of them)")
-    config = _preset(size, seq_length, max_predictions, dtype, batch_size, steps + warmup + 1)
+    config = preset_config(size, seq_length, max_predictions, dtype, batch_size, steps + warmup + 1)
     setup = train.pretraining_setup(config, devices)
     model_config = setup.model.config
     batch = synthetic_batch(batch_size, seq_length, max_predictions, model_config.vocab_size)
@@ -334,7 +359,7 @@ def run(sizes, seq_length: int, batch_size: int, max_predictions: int = 0, dtype
     devices = list(jax.devices() if devices is None else devices)
     device = devices[0]
     dtype_name = jnp.dtype(dtype).name
-    max_predictions = max_predictions or max(1, round(0.15 * seq_length))
+    max_predictions = max_predictions or default_max_predictions(seq_length)
     cores = schedulable_cores()
     threads = threads or cores
     compare_torch, missing_torch = _torch_comparison(compare_torch, device.platform)

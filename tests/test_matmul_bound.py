@@ -136,7 +136,7 @@ def test_bound_is_the_sum_of_count_times_the_time_alone():
 
 
 def _train_step_matmuls(**model_overrides):
-    config = benchmark._preset("tiny", 32, 5, "float32", 4, 10)  # pylint: disable=protected-access
+    config = benchmark.preset_config("tiny", 32, 5, "float32", 4, 10)
     for name, value in model_overrides.items():
         setattr(config.model, name, value)
     model_config = model_lib.BertConfig.from_config(config.model)

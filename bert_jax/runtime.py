@@ -12,6 +12,7 @@ import logging as std_logging
 import os
 import platform
 import sys
+import warnings
 
 from absl import logging
 
@@ -21,10 +22,18 @@ CPU_XLA_FLAGS = (
     # YNNPACK fusions for reductions only: its dot fusions returned NaN for a dot with a constant operand fused into
     # a reduction (jaxlib 0.10.2), and without "reduce" XLA:CPU emits each reduction as a much slower loop.
     ("xla_cpu_experimental_ynn_fusion_type", "reduce"),
-    # Dots stay Eigen's: XLA:CPU's oneDNN fusion thunk (--xla_cpu_experimental_onednn_fusion_type=individual_dot)
-    # aborted the process (object_pool.h "Check failed: available_.size() == num_created_") when a compiled program
-    # was freed while it ran (tests/test_xla_cpu.py), and was no faster (docs/performance.md, XLA:CPU options).
+    # Dots are chosen per program, not here: see CPU_DOTS_VARIABLE.
 )
+
+# The train and eval steps' dots on a CPU: "eigen" (XLA's own) or "onednn" (XLA:CPU's oneDNN fusion thunk), passed
+# as compile options of those programs only (step_compiler_options), never process-wide: the thunk aborts the process
+# (object_pool.h "Check failed: available_.size() == num_created_") when a program is freed while it runs, so it goes
+# only to programs kept alive until their runs end (train.KeptUntilDone). "auto" picks by the instruction set, as
+# measured (docs/performance.md, XLA:CPU options).
+CPU_DOTS_VARIABLE = "BERT_JAX_CPU_DOTS"
+CPU_DOTS = ("auto", "eigen", "onednn")
+ONEDNN_DOT_OPTIONS = {"xla_cpu_use_onednn": True,
+                      "xla_cpu_experimental_onednn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"}
 
 # glibc's allocator for CPU runs: one arena, no mmap for large blocks, no trimming of the heap. XLA:CPU allocates each
 # step's temporaries afresh; with glibc's defaults they are mmapped and unmapped every step, and the kernel hands the
@@ -39,6 +48,44 @@ def with_cpu_xla_flags(xla_flags: str) -> str:
     named = {word.lstrip("-").split("=", 1)[0] for word in xla_flags.split()}
     added = [f"--{name}={value}" for name, value in CPU_XLA_FLAGS if name not in named]
     return " ".join([*xla_flags.split(), *added])
+
+
+def _cpu_flags() -> set[str]:
+    """The host CPU's feature flags (Linux /proc/cpuinfo; empty elsewhere)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def cpu_dots(xla_flags: str | None = None, cpu_flags: set[str] | None = None) -> str:
+    """"eigen" or "onednn": BERT_JAX_CPU_DOTS (auto, eigen, onednn; default auto). auto: oneDNN on a CPU with AVX-512
+    (an Intel Xeon, BERT-base's step 3.33 s against Eigen's 4.00), Eigen on AVX2 (docs/performance.md) and wherever
+    XLA_FLAGS names XLA's instruction set cap or oneDNN options itself (the user's setting stands)."""
+    choice = os.environ.get(CPU_DOTS_VARIABLE, "auto") or "auto"
+    if choice not in CPU_DOTS:
+        raise ValueError(f"{CPU_DOTS_VARIABLE}={choice!r}: must be one of {', '.join(CPU_DOTS)}")
+    if choice != "auto":
+        return choice
+    named = {word.lstrip("-").split("=", 1)[0]
+             for word in (os.environ.get("XLA_FLAGS", "") if xla_flags is None else xla_flags).split()}
+    if named & {"xla_cpu_max_isa", "xla_cpu_use_onednn", "xla_cpu_experimental_onednn_fusion_type"}:
+        return "eigen"
+    return "onednn" if "avx512f" in (_cpu_flags() if cpu_flags is None else cpu_flags) else "eigen"
+
+
+def step_compiler_options(platform: str) -> dict | None:
+    """The compile options of a train or eval step on `platform`: oneDNN's dots where cpu_dots() says so."""
+    if platform != "cpu" or cpu_dots() != "onednn":
+        return None
+    # XLA cannot serialize the oneDNN thunk, so a persistent compilation cache (JAX_COMPILATION_CACHE_DIR) keeps no
+    # such step and JAX warns at each compile; the step compiles as without a cache.
+    warnings.filterwarnings("ignore", message=".*ToProto is not implemented for thunk kind: onednn-fusion")
+    return dict(ONEDNN_DOT_OPTIONS)
 
 
 def set_up_jax() -> None:

@@ -20,8 +20,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from bert_jax import model as model_lib
 from bert_jax import optim
+from bert_jax import runtime
 from bert_jax import sharding as sharding_lib
-from bert_jax.runtime import dropout_rng_name
 
 
 @flax.struct.dataclass
@@ -40,7 +40,7 @@ DROPOUT_RNG_IMPLS = {"threefry": "threefry2x32", "rbg": "rbg", "unsafe_rbg": "un
 
 def dropout_key(seed: int, choice: str, platform: str) -> jax.Array:
     """The run's dropout key. threefry: the second half of split(key(seed)), the first seeding initialisation."""
-    name = dropout_rng_name(choice, platform)
+    name = runtime.dropout_rng_name(choice, platform)
     if name == "threefry":
         return jax.random.split(jax.random.key(seed))[1]
     return jax.random.key(seed, impl=DROPOUT_RNG_IMPLS[name])
@@ -210,13 +210,50 @@ def across_slices(gradients, mesh):
                          out_specs=PartitionSpec(), axis_names={axis}, check_vma=False)
 
 
+class KeptUntilDone:
+    """A jitted program that is not freed while it runs: letting go of it waits for its last run's outputs.
+
+    XLA:CPU's oneDNN fusion thunk (runtime.step_compiler_options) aborts the process when a program's last owner is
+    its own running execution (a step dropped with the job that ran it, an exception between steps). Calls, .lower
+    and the rest are the jitted function's."""
+
+    def __init__(self, jitted):
+        self._jitted = jitted
+        self._last = None  # the last output of the last run (the metrics, not the donated state): all of a run's
+        # outputs are ready together
+
+    def __call__(self, *args, **kwargs):
+        outputs = self._jitted(*args, **kwargs)
+        leaves = jax.tree.leaves(outputs)
+        self._last = leaves[-1] if leaves and isinstance(leaves[-1], jax.Array) else None
+        return outputs
+
+    def __getattr__(self, name):
+        return getattr(self._jitted, name)
+
+    def __del__(self):
+        last = self.__dict__.get("_last")
+        try:
+            if last is not None and not last.is_deleted():
+                last.block_until_ready()
+        except Exception:  # pylint: disable=broad-except  # a failed run's error is raised where its outputs are read
+            pass
+
+
+def _jit_step(function, mesh, **kwargs):
+    """jax.jit with the step's compile options for the mesh's platform, kept alive until its runs end."""
+    options = runtime.step_compiler_options(mesh.devices.flat[0].platform)
+    return KeptUntilDone(jax.jit(function, compiler_options=options, **kwargs))
+
+
 def jit_train_step(train_step, state_shardings, mesh, rules):
     """`train_step(state, batch, rng) -> (state, metrics)` jitted as the training loop runs it: the state in its
     shardings and donated (updated in place), the batch in the mesh's batch sharding, the RNG and metrics
     replicated. Pretraining, fine-tuning, the benchmarks and ahead-of-time compilation all jit it this way."""
     replicated = NamedSharding(mesh, PartitionSpec())
-    return jax.jit(train_step, in_shardings=(state_shardings, sharding_lib.batch_sharding(mesh, rules), replicated),
-                   out_shardings=(state_shardings, replicated), donate_argnums=0)
+    return _jit_step(train_step, mesh,
+                     in_shardings=(state_shardings, sharding_lib.batch_sharding(mesh, rules), replicated),
+                     out_shardings=(state_shardings, replicated), donate_argnums=0)
 
 
 def make_eval_step(model: nn.Module, rules):
@@ -253,8 +290,8 @@ def make_eval_step(model: nn.Module, rules):
 def jit_eval_step(eval_step, params_shardings, mesh, rules):
     """`eval_step(params, batch) -> sums` jitted as the pretraining job runs it: the parameters in their shardings,
     the batch in the mesh's batch sharding, the sums replicated."""
-    return jax.jit(eval_step, in_shardings=(params_shardings, sharding_lib.batch_sharding(mesh, rules)),
-                   out_shardings=NamedSharding(mesh, PartitionSpec()))
+    return _jit_step(eval_step, mesh, in_shardings=(params_shardings, sharding_lib.batch_sharding(mesh, rules)),
+                     out_shardings=NamedSharding(mesh, PartitionSpec()))
 
 
 def dummy_batch(batch_size: int, seq_length: int, max_predictions: int) -> dict[str, np.ndarray]:

@@ -18,6 +18,11 @@ from tests import compile_cache as _compile_cache  # noqa: E402
 
 _compile_cache.set_up()
 
+# Eigen's dots in the steps, whatever the CPU: the run's compilation cache cannot hold a step with oneDNN's (which
+# runtime.cpu_dots picks on AVX-512), so each test would compile its steps afresh. test_train.py and test_xla_cpu.py
+# test oneDNN's.
+os.environ.setdefault(_runtime.CPU_DOTS_VARIABLE, "eigen")
+
 # The driver's XLA:CPU options, which its run() sets: the tests compile what the driver runs. JAX reads XLA_FLAGS
 # when its backend starts, after this.
 os.environ["XLA_FLAGS"] = _runtime.with_cpu_xla_flags(os.environ["XLA_FLAGS"])

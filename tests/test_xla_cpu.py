@@ -1,5 +1,5 @@
 """The driver's XLA:CPU options (bert_jax.runtime.CPU_XLA_FLAGS, which tests/conftest.py sets too) take effect, the
-reductions they fuse stay exact, and the programs they compile can be freed at any time."""
+reductions they fuse stay exact, the steps' dots are oneDNN's only where chosen, and steps can be freed at any time."""
 
 import os
 import subprocess
@@ -14,25 +14,52 @@ import pytest
 pytestmark = pytest.mark.xla_optimized
 
 
-def test_cpu_dots_do_not_use_the_onednn_fusion_thunk():
-    # XLA:CPU's oneDNN fusion thunk (--xla_cpu_experimental_onednn_fusion_type=individual_dot) aborts the process
-    # when a program is freed while it runs (the next test); XLA's own dots are what the driver compiles.
+def test_cpu_dots_are_chosen_by_instruction_set_and_the_users_settings_stand(monkeypatch):
+    from bert_jax import runtime  # pylint: disable=import-outside-toplevel
+    monkeypatch.delenv(runtime.CPU_DOTS_VARIABLE, raising=False)
+    avx512, avx2 = {"avx2", "avx512f", "fma"}, {"avx2", "fma"}
+    assert runtime.cpu_dots("", avx512) == "onednn" and runtime.cpu_dots("", avx2) == "eigen"
+    # XLA's instruction set cap (the AVX pass of .ci/run) or oneDNN options of the user's own: no per-program dots.
+    assert runtime.cpu_dots("--xla_cpu_max_isa=AVX", avx512) == "eigen"
+    assert runtime.cpu_dots("--xla_cpu_use_onednn=true", avx512) == "eigen"
+    monkeypatch.setenv(runtime.CPU_DOTS_VARIABLE, "onednn")
+    assert runtime.cpu_dots("", avx2) == "onednn"
+    assert runtime.step_compiler_options("cpu") == runtime.ONEDNN_DOT_OPTIONS
+    assert runtime.step_compiler_options("tpu") is None and runtime.step_compiler_options("gpu") is None
+    monkeypatch.setenv(runtime.CPU_DOTS_VARIABLE, "eigen")
+    assert runtime.cpu_dots("", avx512) == "eigen" and runtime.step_compiler_options("cpu") is None
+    monkeypatch.setenv(runtime.CPU_DOTS_VARIABLE, "mkl")
+    with pytest.raises(ValueError, match="BERT_JAX_CPU_DOTS='mkl': must be one of auto, eigen, onednn"):
+        runtime.cpu_dots()
+
+
+@pytest.mark.parametrize("dots", ["eigen", "onednn"])
+def test_the_steps_dots_are_onednns_only_where_chosen_and_other_programs_keep_xlas(monkeypatch, dots):
+    from bert_jax import runtime, sharding, train  # pylint: disable=import-outside-toplevel
+    monkeypatch.setenv(runtime.CPU_DOTS_VARIABLE, dots)
+    mesh = sharding.create_mesh({"dcn_data": 1, "data": 1, "fsdp": 1, "tensor": 1}, jax.devices()[:1])
     operand = jnp.ones((64, 64), jnp.float32)
-    compiled = jax.jit(lambda x: x @ x).lower(operand).compile().as_text()
-    assert "__onednn_fusion" not in compiled and " dot(" in compiled, compiled
+    step = train._jit_step(lambda x: x @ x, mesh)  # pylint: disable=protected-access  # as jit_train_step's
+    assert isinstance(step, train.KeptUntilDone)
+    assert ("__onednn_fusion" in step.lower(operand).compile().as_text()) == (dots == "onednn")
+    np.testing.assert_allclose(np.asarray(step(operand)), np.full((64, 64), 64.0))
+    assert "__onednn_fusion" not in jax.jit(lambda x: x @ x).lower(operand).compile().as_text()
 
 
-# Compiles and runs a fresh program per iteration and lets go of it at once: the running execution ends up as the
-# program's last owner and frees it on XLA's thread pool (what a test's or a job's short-lived jax.jit does). With
-# the oneDNN fusion thunk one run in two or three of this aborted the process (jaxlib 0.10.2, 2-core AMD EPYC, AVX2
-# without AVX-512) with `object_pool.h:117] Check failed: available_.size() == num_created_ (0 vs. 1)` in
-# ~OneDnnFusionThunk; the same abort killed pytest workers mid-suite in different tests.
+# Compiles and runs a fresh program per iteration and lets go of it at once (what a test's or a job's short-lived
+# step does), with oneDNN's dots as the steps get them. Unguarded, the running execution ends up as the program's last
+# owner and frees it on XLA's thread pool: XLA:CPU's oneDNN fusion thunk then aborted the process with
+# `object_pool.h:117] Check failed: available_.size() == num_created_ (0 vs. 1)` in ~OneDnnFusionThunk (jaxlib
+# 0.10.2, 2-core AMD EPYC: in 1 of the first 4 runs of 300 iterations; it killed pytest workers mid-suite when the
+# options were process-wide). train.KeptUntilDone, which every train and eval step is, waits for the last run first.
 _FREED_WHILE_RUNNING = """
 import jax, jax.numpy as jnp, numpy as np
+from bert_jax import runtime, train
 x = jnp.asarray(np.random.default_rng(0).normal(size=(64, 64)), jnp.float32)
 for i in range(ITERATIONS):
     scale = float(i % 7 + 1)
-    program = jax.jit(lambda a: jnp.tanh(a @ a.T * scale) @ a)
+    program = train.KeptUntilDone(jax.jit(lambda a: jnp.tanh(a @ a.T * scale) @ a,
+                                          compiler_options=runtime.ONEDNN_DOT_OPTIONS))
     y = program(x)
     del program
     if i % 5 == 0:
@@ -43,13 +70,13 @@ print("done")
 
 
 @pytest.mark.slow
-def test_programs_freed_while_they_run_do_not_abort_the_process():
+def test_steps_freed_while_they_run_do_not_abort_the_process():
     from bert_jax import runtime  # pylint: disable=import-outside-toplevel
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": runtime.with_cpu_xla_flags("")}
     env.pop("JAX_COMPILATION_CACHE_DIR", None)  # each program compiled afresh, as the abort needed, not fetched
     script = _FREED_WHILE_RUNNING.replace("ITERATIONS", "400")
     result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=280,
-                            check=False)
+                            check=False, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert result.returncode == 0 and "done" in result.stdout, result.stderr[-3000:]
 
 

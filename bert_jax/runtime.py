@@ -88,10 +88,18 @@ def step_compiler_options(platform: str) -> dict | None:
     return dict(ONEDNN_DOT_OPTIONS)
 
 
+# TensorFlow (imported for tf.data only, never tf.keras) imports Keras 3 eagerly when it is installed, as
+# tensorflow-cpu's dependency always is: 2.3 of the 9 s an import takes on the 2-core CPU. With TF_USE_LEGACY_KERAS=1
+# it tries the tf_keras package instead, and goes on without it where it is not installed.
+TF_WITHOUT_KERAS = ("TF_USE_LEGACY_KERAS", "1")
+
+
 def set_up_jax() -> None:
     """What the driver and the benchmark programs set before JAX starts its backend: XLA:CPU's options (added to
-    XLA_FLAGS) and the CPU where no accelerator is attached."""
+    XLA_FLAGS), the CPU where no accelerator is attached, and TensorFlow's import without Keras (unless the
+    variable is set already)."""
     os.environ["XLA_FLAGS"] = with_cpu_xla_flags(os.environ.get("XLA_FLAGS", ""))
+    os.environ.setdefault(*TF_WITHOUT_KERAS)
     without_an_absent_tpu()
 
 

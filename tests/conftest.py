@@ -18,6 +18,9 @@ from tests import compile_cache as _compile_cache  # noqa: E402
 
 _compile_cache.set_up()
 
+# TensorFlow's import without Keras, as the driver's (runtime.set_up_jax): the workers and every driver subprocess.
+os.environ.setdefault(*_runtime.TF_WITHOUT_KERAS)
+
 # Eigen's dots in the steps, whatever the CPU: the run's compilation cache cannot hold a step with oneDNN's (which
 # runtime.cpu_dots picks on AVX-512), so each test would compile its steps afresh. test_train.py and test_xla_cpu.py
 # test oneDNN's.

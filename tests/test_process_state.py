@@ -17,7 +17,7 @@ from tests.helpers import ROOT
 # each import changed, whether the environment after all of them equals the one before, and how glibc serves a large
 # malloc before and after (mmapped by default; from the heap once M_MMAP_MAX=0, as an allocator tuning would set).
 _IMPORT_ALL = r"""
-import ctypes, importlib, json, os, pkgutil
+import ctypes, importlib, json, os, pkgutil, sys
 import jax, tensorflow  # noqa: F401  (they set variables of their own when imported: jax with libtpu, and TF)
 from absl import flags
 
@@ -56,7 +56,7 @@ for module in pkgutil.walk_packages(bert_jax.__path__, "bert_jax."):
     if changed:
         by_module[module.name] = changed
 print(json.dumps({"modules": modules, "by_module": by_module, "environment_equal": dict(os.environ) == before,
-                  "mmapped": [mmapped_before, large_malloc_is_mmapped()]}))
+                  "mmapped": [mmapped_before, large_malloc_is_mmapped()], "keras": "keras" in sys.modules}))
 """
 
 
@@ -94,6 +94,8 @@ def test_importing_any_module_changes_no_environment_variable_allocator_setting_
         assert import_report["mmapped"] == [True, True], "an import changed glibc's malloc settings (mallopt)"
     assert not import_report["compiler_ran"], f"an import started a compiler: {import_report['compiler_ran']}"
     assert import_report["cached"] == [], "an import wrote to a cache directory"
+    # TensorFlow imported with the driver's TF_USE_LEGACY_KERAS=1 (the suite's too): no Keras, 2.3 s less.
+    assert os.environ.get("TF_USE_LEGACY_KERAS") == "1" and not import_report["keras"]
 
 
 def test_the_driver_sets_its_xla_cpu_flags_before_jax_starts_and_the_users_win(monkeypatch):
@@ -111,3 +113,13 @@ def test_the_driver_sets_its_xla_cpu_flags_before_jax_starts_and_the_users_win(m
     assert seen[-1].split() == ["--xla_force_host_platform_device_count=2",
                                 "--xla_cpu_experimental_ynn_fusion_type=reduce"]
     assert runtime.with_cpu_xla_flags(seen[-1]) == seen[-1]  # idempotent: launch/local.sh and run() both add them
+
+
+def test_the_driver_imports_tensorflow_without_keras_unless_the_user_says_otherwise(monkeypatch):
+    monkeypatch.setattr(app, "run", lambda main, **kwargs: None)
+    monkeypatch.delenv("TF_USE_LEGACY_KERAS", raising=False)
+    driver.run()
+    assert os.environ["TF_USE_LEGACY_KERAS"] == "1"
+    monkeypatch.setenv("TF_USE_LEGACY_KERAS", "0")
+    driver.run()
+    assert os.environ["TF_USE_LEGACY_KERAS"] == "0"

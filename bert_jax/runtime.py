@@ -216,11 +216,11 @@ def _started_as(driver_file: str) -> bool:
     return os.path.abspath(program) == os.path.abspath(driver_file) or os.path.basename(program) == "bert-jax"
 
 
-def with_cpu_glibc_tunables(driver_file: str) -> None:
+def with_cpu_glibc_tunables(driver_file: str, platforms: str | None = None) -> None:
     """Re-executes this process once with GLIBC_TUNABLES=CPU_GLIBC_TUNABLES on a glibc CPU run of the driver
-    (`driver_file`); the variable, set from then on, stops a second exec."""
+    (`driver_file`); the variable, set from then on, stops a second exec. `platforms`: as runs_on_the_cpu's."""
     if ("GLIBC_TUNABLES" in os.environ or not sys.platform.startswith("linux") or not _started_as(driver_file)
-            or platform.libc_ver()[0] != "glibc" or not runs_on_the_cpu()):
+            or platform.libc_ver()[0] != "glibc" or not runs_on_the_cpu(platforms)):
         return
     os.environ["GLIBC_TUNABLES"] = CPU_GLIBC_TUNABLES
     sys.stdout.flush()

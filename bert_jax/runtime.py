@@ -78,9 +78,10 @@ def cpu_dots(xla_flags: str | None = None, cpu_flags: set[str] | None = None) ->
     return "onednn" if "avx512f" in (_cpu_flags() if cpu_flags is None else cpu_flags) else "eigen"
 
 
-def step_compiler_options(platform: str) -> dict | None:
-    """The compile options of a train or eval step on `platform`: oneDNN's dots where cpu_dots() says so."""
-    if platform != "cpu" or cpu_dots() != "onednn":
+def step_compiler_options(backend: str) -> dict | None:
+    """The compile options of a train or eval step on `backend` (a device's platform): oneDNN's dots where cpu_dots()
+    says so."""
+    if backend != "cpu" or cpu_dots() != "onednn":
         return None
     # XLA cannot serialize the oneDNN thunk, so a persistent compilation cache (JAX_COMPILATION_CACHE_DIR) keeps no
     # such step and JAX warns at each compile; the step compiles as without a cache.

@@ -229,6 +229,8 @@ class KeptUntilDone:
         return outputs
 
     def __getattr__(self, name):
+        if "_jitted" not in self.__dict__:  # not yet initialised (copy, pickle): no recursion through here
+            raise AttributeError(name)
         return getattr(self._jitted, name)
 
     def __del__(self):

@@ -55,6 +55,7 @@ def test_run_reports_jax_and_torch_steps_with_consistent_flops():
         assert column in torch_header
     assert "peak GiB: process peak RSS" in text and "matmul ceiling" in text and "CPU threads" in text
     assert "XLA_FLAGS: " in text and "--xla_cpu_experimental_ynn_fusion_type=reduce" in text
+    assert "the step's dots: eigen (BERT_JAX_CPU_DOTS=eigen)" in lines  # the suite's (tests/conftest.py)
     ceiling_line = next(line for line in lines if "matmul ceiling" in line)
     assert f"{ceiling / 1e12:.3f} TFLOP/s, the higher of a measurement before the steps" in ceiling_line
     assert "and one after them" in ceiling_line

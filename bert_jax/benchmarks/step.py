@@ -416,6 +416,8 @@ def _print_setup(print_fn, devices, dropout_rng: str, cores: int, threads: int, 
         print_fn(f"CPU threads: JAX/XLA {cores} (its pool is sized by the cores this process may run on)"
                  + (f", torch {threads} (torch.set_num_threads)" if compare_torch else ""))
         print_fn(f"XLA_FLAGS: {os.environ.get('XLA_FLAGS', '')}")
+        print_fn(f"the step's dots: {runtime.cpu_dots()} ({runtime.CPU_DOTS_VARIABLE}="
+                 f"{os.environ.get(runtime.CPU_DOTS_VARIABLE, 'auto')})")
         # The driver's CPU runs re-execute themselves with its allocator settings (bert_jax.runtime.CPU_GLIBC_TUNABLES);
         # this process has what it was started with.
         print_fn(f"GLIBC_TUNABLES: {os.environ.get('GLIBC_TUNABLES', '(unset: glibc defaults)')}")

@@ -12,8 +12,6 @@ if __name__ == "__main__":
     # A CPU run re-executes itself once for glibc's allocator (runtime.with_cpu_glibc_tunables): done before the
     # job's imports below (TensorFlow, Flax, Orbax), which the exec would throw away, not after them in run().
     from bert_jax import runtime as _runtime
-    if os.environ.get("JAX_PLATFORMS"):  # the platform is known without JAX: exec before importing it (1 s)
-        _runtime.with_cpu_glibc_tunables(__file__, os.environ["JAX_PLATFORMS"])
     _runtime.set_up_jax()
     _runtime.with_cpu_glibc_tunables(__file__)
 

@@ -6,6 +6,7 @@ imports no JAX (a torch benchmark process loads it too).
 """
 
 import collections
+import functools
 import importlib.metadata
 import importlib.util
 import logging as std_logging
@@ -50,22 +51,23 @@ def with_cpu_xla_flags(xla_flags: str) -> str:
     return " ".join([*xla_flags.split(), *added])
 
 
-def _cpu_flags() -> set[str]:
-    """The host CPU's feature flags (Linux /proc/cpuinfo; empty elsewhere)."""
+@functools.cache
+def _cpu_flags() -> frozenset[str]:
+    """The host CPU's feature flags (Linux /proc/cpuinfo, read once; empty elsewhere)."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
             for line in cpuinfo:
                 if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
+                    return frozenset(line.split(":", 1)[1].split())
     except OSError:
         pass
-    return set()
+    return frozenset()
 
 
-def cpu_dots(xla_flags: str | None = None, cpu_flags: set[str] | None = None) -> str:
-    """"eigen" or "onednn": BERT_JAX_CPU_DOTS (auto, eigen, onednn; default auto). auto: oneDNN on a CPU with AVX-512
-    (an Intel Xeon, BERT-base's step 3.33 s against Eigen's 4.00), Eigen on AVX2 (docs/performance.md) and wherever
-    XLA_FLAGS names XLA's instruction set cap or oneDNN options itself (the user's setting stands)."""
+def cpu_dots(xla_flags: str | None = None, cpu_flags: frozenset[str] | None = None) -> str:
+    """"eigen" or "onednn": BERT_JAX_CPU_DOTS (auto, eigen, onednn; default auto). auto: oneDNN on a CPU with AVX-512,
+    Eigen on AVX2 (docs/performance.md has the figures) and wherever XLA_FLAGS names XLA's instruction set cap or
+    oneDNN options itself (the user's setting stands)."""
     choice = os.environ.get(CPU_DOTS_VARIABLE, "auto") or "auto"
     if choice not in CPU_DOTS:
         raise ValueError(f"{CPU_DOTS_VARIABLE}={choice!r}: must be one of {', '.join(CPU_DOTS)}")
@@ -90,8 +92,8 @@ def step_compiler_options(backend: str) -> dict | None:
 
 
 # TensorFlow (imported for tf.data only, never tf.keras) imports Keras 3 eagerly when it is installed, as
-# tensorflow-cpu's dependency always is: 2.3 of the 9 s an import takes on the 2-core CPU. With TF_USE_LEGACY_KERAS=1
-# it tries the tf_keras package instead, and goes on without it where it is not installed.
+# tensorflow-cpu's dependency always is (a quarter of the import's time: docs/performance.md). With
+# TF_USE_LEGACY_KERAS=1 it tries the tf_keras package instead, and goes on without it where it is not installed.
 TF_WITHOUT_KERAS = ("TF_USE_LEGACY_KERAS", "1")
 
 
@@ -108,9 +110,9 @@ def without_an_absent_tpu() -> None:
     """The CPU, quietly, on a host with libtpu installed (the test and aot extras install it for ahead-of-time TPU
     compilation) but no TPU chip or GPU attached: JAX would otherwise try the TPU first and print libtpu's errors.
     Call before JAX starts its backend."""
-    import jax  # pylint: disable=import-outside-toplevel  # here, not at import: see the module docstring
-    if jax.config.jax_platforms or importlib.util.find_spec("libtpu") is None:
+    if _platforms_known() or importlib.util.find_spec("libtpu") is None:
         return
+    import jax  # pylint: disable=import-outside-toplevel  # here, not at import: see the module docstring
     from jax._src import hardware_utils  # pylint: disable=import-outside-toplevel  # JAX's own test for TPU chips
     if not (hardware_utils.num_available_tpu_chips_and_device_id()[0] or hardware_utils.has_visible_nvidia_gpu()
             or hardware_utils.num_available_amd_gpus(stop_at=1)):
@@ -198,12 +200,20 @@ def report_unraisable_once(unraisable, seen=collections.Counter()) -> None:
                         key)
 
 
+def _platforms_known() -> str:
+    """jax_platforms as JAX has it, or, before JAX is imported, as it will read it (JAX_PLATFORMS): the driver's
+    re-execution then comes before the import (1.0-1.2 s a process on the 2-core CPU), not after it."""
+    if "jax" not in sys.modules:
+        return os.environ.get("JAX_PLATFORMS", "")
+    import jax  # pylint: disable=import-outside-toplevel  # imported already
+    return jax.config.jax_platforms or ""
+
+
 def runs_on_the_cpu(platforms: str | None = None) -> bool:
     """Whether JAX will pick its CPU backend (asked before it starts: `platforms`, default jax_platforms, which
     JAX_PLATFORMS sets; else no TPU or GPU plugin installed)."""
     if platforms is None:
-        import jax  # pylint: disable=import-outside-toplevel  # here, not at import: see the module docstring
-        platforms = jax.config.jax_platforms
+        platforms = _platforms_known()
     if platforms:
         return platforms.split(",")[0].strip() == "cpu"
     return (importlib.util.find_spec("libtpu") is None and importlib.util.find_spec("jax_plugins") is None
@@ -217,11 +227,11 @@ def _started_as(driver_file: str) -> bool:
     return os.path.abspath(program) == os.path.abspath(driver_file) or os.path.basename(program) == "bert-jax"
 
 
-def with_cpu_glibc_tunables(driver_file: str, platforms: str | None = None) -> None:
+def with_cpu_glibc_tunables(driver_file: str) -> None:
     """Re-executes this process once with GLIBC_TUNABLES=CPU_GLIBC_TUNABLES on a glibc CPU run of the driver
-    (`driver_file`); the variable, set from then on, stops a second exec. `platforms`: as runs_on_the_cpu's."""
+    (`driver_file`); the variable, set from then on, stops a second exec."""
     if ("GLIBC_TUNABLES" in os.environ or not sys.platform.startswith("linux") or not _started_as(driver_file)
-            or platform.libc_ver()[0] != "glibc" or not runs_on_the_cpu(platforms)):
+            or platform.libc_ver()[0] != "glibc" or not runs_on_the_cpu()):
         return
     os.environ["GLIBC_TUNABLES"] = CPU_GLIBC_TUNABLES
     sys.stdout.flush()

@@ -243,9 +243,11 @@ class KeptUntilDone:
 
 
 def _jit_step(function, mesh, **kwargs):
-    """jax.jit with the step's compile options for the mesh's platform, kept alive until its runs end."""
+    """jax.jit with the step's compile options for the mesh's platform; a program with oneDNN's dots is kept alive
+    until its runs end (the others skip the wrapper's per-call work)."""
     options = runtime.step_compiler_options(mesh.devices.flat[0].platform)
-    return KeptUntilDone(jax.jit(function, compiler_options=options, **kwargs))
+    jitted = jax.jit(function, compiler_options=options, **kwargs)
+    return jitted if options is None else KeptUntilDone(jitted)
 
 
 def jit_train_step(train_step, state_shardings, mesh, rules):

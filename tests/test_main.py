@@ -338,7 +338,7 @@ def exec_calls(monkeypatch):
     # inherit the tuned allocator).
     monkeypatch.setenv("GLIBC_TUNABLES", "")
     monkeypatch.delenv("GLIBC_TUNABLES")
-    monkeypatch.setattr(runtime, "runs_on_the_cpu", lambda platforms=None: True)
+    monkeypatch.setattr(runtime, "runs_on_the_cpu", lambda: True)
     return calls
 
 
@@ -362,7 +362,7 @@ def test_the_glibc_tunables_are_left_alone(exec_calls, monkeypatch, case):
     elif case == "users_empty_value":  # how a user opts out
         monkeypatch.setenv("GLIBC_TUNABLES", "")
     elif case == "not_the_cpu":
-        monkeypatch.setattr(runtime, "runs_on_the_cpu", lambda platforms=None: False)
+        monkeypatch.setattr(runtime, "runs_on_the_cpu", lambda: False)
     else:  # a program that calls run() itself (a test, a notebook) is never replaced by exec
         monkeypatch.setattr(sys, "argv", ["/usr/bin/pytest"])
     before = os.environ.get("GLIBC_TUNABLES")

@@ -40,7 +40,7 @@ def test_the_steps_dots_are_onednns_only_where_chosen_and_other_programs_keep_xl
     mesh = sharding.create_mesh({"dcn_data": 1, "data": 1, "fsdp": 1, "tensor": 1}, jax.devices()[:1])
     operand = jnp.ones((64, 64), jnp.float32)
     step = train._jit_step(lambda x: x @ x, mesh)  # pylint: disable=protected-access  # as jit_train_step's
-    assert isinstance(step, train.KeptUntilDone)
+    assert isinstance(step, train.KeptUntilDone) == (dots == "onednn")  # the guard where the abort can happen
     assert ("__onednn_fusion" in step.lower(operand).compile().as_text()) == (dots == "onednn")
     np.testing.assert_allclose(np.asarray(step(operand)), np.full((64, 64), 64.0))
     assert "__onednn_fusion" not in jax.jit(lambda x: x @ x).lower(operand).compile().as_text()
@@ -51,7 +51,8 @@ def test_the_steps_dots_are_onednns_only_where_chosen_and_other_programs_keep_xl
 # owner and frees it on XLA's thread pool: XLA:CPU's oneDNN fusion thunk then aborted the process with
 # `object_pool.h:117] Check failed: available_.size() == num_created_ (0 vs. 1)` in ~OneDnnFusionThunk (jaxlib
 # 0.10.2, 2-core AMD EPYC: in 1 of the first 4 runs of 300 iterations; it killed pytest workers mid-suite when the
-# options were process-wide). train.KeptUntilDone, which every train and eval step is, waits for the last run first.
+# options were process-wide). train.KeptUntilDone, which every step with oneDNN's dots is, waits for the last run
+# first.
 _FREED_WHILE_RUNNING = """
 import jax, jax.numpy as jnp, numpy as np
 from bert_jax import runtime, train

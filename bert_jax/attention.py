@@ -79,12 +79,27 @@ def at_queries(mask, query_positions):
     return SegmentMask(mask.ids, query_ids)
 
 
-def boolean_mask(mask):
-    """[batch, 1, query or 1, key] booleans from a padding mask or a SegmentMask."""
+def boolean_mask(mask, window: int | None = None, length: int | None = None):
+    """[batch, 1, query or 1, key] booleans from a padding mask or a SegmentMask; with `window` (queries and keys
+    both the `length` rows), also [1, 1, query, key] |query - key| <= window (a sliding window of 2 * window + 1)."""
     if isinstance(mask, SegmentMask):
         query_ids = mask.ids if mask.query_ids is None else mask.query_ids
-        return (query_ids[:, :, None] == mask.ids[:, None, :])[:, None]
-    return mask.astype(bool)[:, None, None, :]
+        allowed = (query_ids[:, :, None] == mask.ids[:, None, :])[:, None]
+    else:
+        allowed = mask.astype(bool)[:, None, None, :]
+    if window is None:
+        return allowed
+    rows = np.arange(length)
+    return allowed & (np.abs(rows[:, None] - rows[None, :]) <= window)[None, None]
+
+
+def _check_window(query, key, mask, window):
+    if window is None:
+        return
+    if window < 0:
+        raise ValueError(f"attention window={window}: must be 0 or more")
+    if query.shape[1] != key.shape[1] or (isinstance(mask, SegmentMask) and mask.query_ids is not None):
+        raise ValueError("a sliding attention window needs every row as a query (query_positions are not supported)")
 
 
 def _cudnn_unsupported(query, mask, training: bool) -> str | None:
@@ -133,24 +148,27 @@ def attention_implementation(requested: str, query, key, mask, training: bool, d
     return "xla"
 
 
-def reference_attention(query, key, value, mask, dropout=None):
-    """softmax(q k^T / sqrt(d)) v, with `dropout` (a function, or None) applied to the probabilities.
+def reference_attention(query, key, value, mask, dropout=None, window: int | None = None):
+    """softmax(q k^T / sqrt(d)) v, with `dropout` (a function, or None) applied to the probabilities; `window`: each
+    query attends to the keys at most `window` rows away only (local attention).
 
     The scores and the softmax stay float32 whatever the compute dtype; masked keys get exactly zero probability.
     """
+    _check_window(query, key, mask, window)
     # Heads-first operands: XLA:CPU ran this batched layout's forward and backward about a quarter faster.
     query, key, value = (jnp.einsum("bthd->bhtd", x) for x in (query, key, value))
     scores = jnp.einsum("bhqd,bhkd->bhqk", query, key, preferred_element_type=jnp.float32)
     scores = scores / np.sqrt(query.shape[-1]).astype(np.float32)
-    scores = jnp.where(boolean_mask(mask), scores, jnp.finfo(jnp.float32).min)
+    scores = jnp.where(boolean_mask(mask, window, key.shape[2]), scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(value.dtype)
     if dropout is not None:
         probs = dropout(probs)
     return jnp.einsum("bhqd->bqhd", jnp.einsum("bhqk,bhkd->bhqd", probs, value))
 
 
-def _splash_attention(query, key, value, mask, interpret: bool = False):
-    """Pallas splash attention (TPU); a padding mask becomes segment ids (1 real, 0 padding).
+def _splash_attention(query, key, value, mask, interpret: bool = False, window: int | None = None):
+    """Pallas splash attention (TPU); a padding mask becomes segment ids (1 real, 0 padding); `window` as
+    reference_attention's, the kernel's LocalMask (it skips the blocks outside the band).
 
     A padding query then attends to the padding keys, which changes only outputs nothing reads. The kernel is per
     example, so it is vmapped over the batch, and under a mesh it runs in a shard_map over the batch and head axes
@@ -172,7 +190,10 @@ def _splash_attention(query, key, value, mask, interpret: bool = False):
         block_sizes = splash.BlockSizes(block_q=block_q, block_kv=block_kv, block_kv_compute=block_kv,
                                         block_q_dkv=block_q, block_kv_dkv=block_kv, block_kv_dkv_compute=block_kv,
                                         block_q_dq=block_q, block_kv_dq=block_kv)
-        kernel = splash.make_splash_mha(splash.MultiHeadMask([splash.FullMask((queries, keys))] * heads),
+        shape = (queries, keys)
+        head_mask = (splash.FullMask(shape) if window is None
+                     else splash.LocalMask(shape, window_size=(window, window), offset=0))
+        kernel = splash.make_splash_mha(splash.MultiHeadMask([head_mask] * heads),
                                         head_shards=1, q_seq_shards=1, block_sizes=block_sizes, interpret=interpret)
         # The kernel wants heads first: [heads, length, head_dim] per example.
         context = jax.vmap(kernel)(jnp.einsum("bqhd->bhqd", query * jnp.asarray(scale, query.dtype)),
@@ -192,26 +213,32 @@ def _splash_attention(query, key, value, mask, interpret: bool = False):
                          check_vma=False)(query, key, value, query_ids, key_ids)
 
 
-def _cudnn_attention(query, key, value, mask):
+def _cudnn_attention(query, key, value, mask, window=None):
+    local = None if window is None else (window, window)  # cuDNN's own sliding window
     try:
         if isinstance(mask, SegmentMask):
-            return jax.nn.dot_product_attention(query, key, value, mask=boolean_mask(mask), implementation="cudnn")
+            return jax.nn.dot_product_attention(query, key, value, mask=boolean_mask(mask), implementation="cudnn",
+                                                local_window_size=local)
         # A padding mask as key lengths (BERT's padding is trailing); at least 1, as an empty softmax gives NaN.
         lengths = jnp.maximum(jnp.sum(mask.astype(jnp.int32), axis=-1), 1)
-        return jax.nn.dot_product_attention(query, key, value, key_value_seq_lengths=lengths, implementation="cudnn")
+        return jax.nn.dot_product_attention(query, key, value, key_value_seq_lengths=lengths, implementation="cudnn",
+                                            local_window_size=local)
     except (NotImplementedError, ValueError, RuntimeError) as error:  # cuDNN's own checks, at trace time
         _log_note(f"cuDNN flash attention refused this call ({error}); using 'xla'")
         return None
 
 
-def dot_product_attention(implementation: str, query, key, value, mask, dropout=None):
-    """Attention through `implementation` (an attention_implementation result); `dropout` is for "reference"."""
+def dot_product_attention(implementation: str, query, key, value, mask, dropout=None, window: int | None = None):
+    """Attention through `implementation` (an attention_implementation result); `dropout` is for "reference";
+    `window`: local attention, each query attending to the keys at most `window` rows away (every back-end)."""
+    _check_window(query, key, mask, window)
     if implementation == "reference":
-        return reference_attention(query, key, value, mask, dropout)
+        return reference_attention(query, key, value, mask, dropout, window)
     if implementation == "pallas":
-        return _splash_attention(query, key, value, mask)
+        return _splash_attention(query, key, value, mask, window=window)
     if implementation == "cudnn":
-        context = _cudnn_attention(query, key, value, mask)
+        context = _cudnn_attention(query, key, value, mask, window)
         if context is not None:
             return context
-    return jax.nn.dot_product_attention(query, key, value, mask=boolean_mask(mask), implementation="xla")
+    return jax.nn.dot_product_attention(query, key, value, mask=boolean_mask(mask, window, key.shape[1]),
+                                        implementation="xla")

@@ -1,0 +1,128 @@
+"""transformers' ModernBERT and bert_jax.modern: the config (`config_from_transformers`, `transformers_config`) and
+the weights both ways (`params_from_transformers`, `params_to_transformers`), as numpy arrays by transformers'
+tensor names (ModernBertForMaskedLM's state dict).
+
+transformers keeps query, key and value as one matrix (`Wqkv`, [3 * hidden, hidden]: query rows, then key, then
+value, each heads x head_dim) and the GeGLU's input and gate as one (`Wi`, [2 * intermediate, hidden]: input rows,
+then gate); a PyTorch Linear weight is our kernel transposed. The decoder is tied to the word embeddings.
+"""
+
+import numpy as np
+
+from bert_jax import modern
+
+# ModernBertConfig fields that must hold for its model to be ours (the rest are defaults we do not model).
+_REQUIRED = {"norm_bias": False, "attention_bias": False, "mlp_bias": False, "decoder_bias": True,
+             "classifier_bias": False, "hidden_activation": "gelu", "classifier_activation": "gelu"}
+
+
+def transformers_config(config: modern.ModernConfig) -> dict:
+    """config.json fields of ModernBertConfig for `config` (the architecture; token ids and the rest default)."""
+    return {"model_type": "modernbert", "architectures": ["ModernBertForMaskedLM"],
+            "vocab_size": config.vocab_size, "hidden_size": config.hidden_size,
+            "num_hidden_layers": config.num_layers, "num_attention_heads": config.num_heads,
+            "intermediate_size": config.intermediate_size,
+            "max_position_embeddings": config.max_position_embeddings,
+            "local_attention": config.local_attention,
+            "global_attn_every_n_layers": config.global_attn_every_n_layers,
+            "global_rope_theta": config.global_rope_theta, "local_rope_theta": config.local_rope_theta,
+            "norm_eps": config.norm_eps, "embedding_dropout": config.dropout_rate,
+            "mlp_dropout": config.dropout_rate, "attention_dropout": config.attention_dropout_rate,
+            "initializer_range": config.initializer_range, "tie_word_embeddings": True, **_REQUIRED}
+
+
+def config_from_transformers(values: dict, where: str = "config.json") -> modern.ModernConfig:
+    """A ModernConfig from ModernBertConfig's fields (`values`, e.g. config.json's; `where` names it in errors)."""
+    for name, required in _REQUIRED.items():
+        if values.get(name, required) != required:
+            raise ValueError(f"{where}: {name}={values[name]!r} is not supported (bert_jax.modern has "
+                             f"{name}={required!r})")
+    if values.get("layer_types") is not None:
+        every = values.get("global_attn_every_n_layers", 3)
+        expected = ["full_attention" if i % every == 0 else "sliding_attention"
+                    for i in range(values["num_hidden_layers"])]
+        if list(values["layer_types"]) != expected:
+            raise ValueError(f"{where}: layer_types {values['layer_types']} are not every {every}th layer global")
+    rope = values.get("rope_parameters") or {}
+    thetas = {kind: (rope.get(kind) or {}).get("rope_theta") for kind in ("full_attention", "sliding_attention")}
+    for kind, parameters in rope.items():
+        if (parameters or {}).get("rope_type", "default") != "default":
+            raise ValueError(f"{where}: rope_parameters.{kind}.rope_type={parameters['rope_type']!r} is not "
+                             "supported (only 'default')")
+    return modern.modern_config(
+        vocab_size=values["vocab_size"], hidden_size=values["hidden_size"], num_layers=values["num_hidden_layers"],
+        num_heads=values["num_attention_heads"], intermediate_size=values["intermediate_size"],
+        max_position_embeddings=values.get("max_position_embeddings", 8192),
+        local_attention=values.get("local_attention", 128),
+        global_attn_every_n_layers=values.get("global_attn_every_n_layers", 3),
+        global_rope_theta=float(thetas["full_attention"] or values.get("global_rope_theta", 160000.0)),
+        local_rope_theta=float(thetas["sliding_attention"] or values.get("local_rope_theta", 10000.0)),
+        norm_eps=values.get("norm_eps", 1e-5), dropout_rate=float(values.get("embedding_dropout", 0.0)),
+        attention_dropout_rate=float(values.get("attention_dropout", 0.0)),
+        initializer_range=values.get("initializer_range", 0.02))
+
+
+def _layer_names(index: int) -> dict:
+    prefix = f"model.layers.{index}"
+    return {"attn_norm": f"{prefix}.attn_norm.weight", "wqkv": f"{prefix}.attn.Wqkv.weight",
+            "wo": f"{prefix}.attn.Wo.weight", "mlp_norm": f"{prefix}.mlp_norm.weight",
+            "wi": f"{prefix}.mlp.Wi.weight", "mlp_wo": f"{prefix}.mlp.Wo.weight"}
+
+
+def params_from_transformers(tensors: dict, config: modern.ModernConfig) -> dict:
+    """ModernForMaskedLM parameters from ModernBertForMaskedLM's tensors (name -> array)."""
+    def get(name):
+        if name not in tensors:
+            raise ValueError(f"ModernBERT weights: tensor {name!r} is missing")
+        return np.asarray(tensors[name], np.float32)
+
+    def kernel(weight):  # PyTorch Linear [out, in] -> our kernel [in, out]
+        return {"kernel": np.ascontiguousarray(weight.T)}
+
+    params = {"embeddings": {"embedding": get("model.embeddings.tok_embeddings.weight")},
+              "embeddings_norm": {"scale": get("model.embeddings.norm.weight")},
+              "final_norm": {"scale": get("model.final_norm.weight")},
+              "mlm_transform": kernel(get("head.dense.weight")),
+              "mlm_layer_norm": {"scale": get("head.norm.weight")},
+              "mlm_output_bias": get("decoder.bias")}
+    hidden, inner = config.hidden_size, config.intermediate_size
+    for index in range(config.num_layers):
+        names = _layer_names(index)
+        qkv, wi = get(names["wqkv"]), get(names["wi"])
+        if qkv.shape != (3 * hidden, hidden) or wi.shape != (2 * inner, hidden):
+            raise ValueError(f"ModernBERT weights: layer {index}'s Wqkv {qkv.shape} or Wi {wi.shape} do not fit "
+                             f"hidden_size={hidden}, intermediate_size={inner}")
+        layer = {"attention": {"query": kernel(qkv[:hidden]), "key": kernel(qkv[hidden:2 * hidden]),
+                               "value": kernel(qkv[2 * hidden:]), "output": kernel(get(names["wo"]))},
+                 "mlp_norm": {"scale": get(names["mlp_norm"])},
+                 "mlp_input": kernel(wi[:inner]), "mlp_gate": kernel(wi[inner:]),
+                 "mlp_output": kernel(get(names["mlp_wo"]))}
+        if index:
+            layer["attention_norm"] = {"scale": get(names["attn_norm"])}
+        params[f"layer_{index}"] = layer
+    return params
+
+
+def params_to_transformers(params: dict, config: modern.ModernConfig) -> dict:
+    """ModernBertForMaskedLM's tensors (name -> float32 array) from ModernForMaskedLM parameters."""
+    def weight(dense):
+        return np.ascontiguousarray(np.asarray(dense["kernel"], np.float32).T)
+
+    embedding = np.asarray(params["embeddings"]["embedding"], np.float32)
+    tensors = {"model.embeddings.tok_embeddings.weight": embedding,
+               "model.embeddings.norm.weight": np.asarray(params["embeddings_norm"]["scale"], np.float32),
+               "model.final_norm.weight": np.asarray(params["final_norm"]["scale"], np.float32),
+               "head.dense.weight": weight(params["mlm_transform"]),
+               "head.norm.weight": np.asarray(params["mlm_layer_norm"]["scale"], np.float32),
+               "decoder.weight": embedding, "decoder.bias": np.asarray(params["mlm_output_bias"], np.float32)}
+    for index in range(config.num_layers):
+        layer, names = params[f"layer_{index}"], _layer_names(index)
+        attention = layer["attention"]
+        tensors[names["wqkv"]] = np.concatenate([weight(attention[name]) for name in ("query", "key", "value")])
+        tensors[names["wo"]] = weight(attention["output"])
+        tensors[names["mlp_norm"]] = np.asarray(layer["mlp_norm"]["scale"], np.float32)
+        tensors[names["wi"]] = np.concatenate([weight(layer["mlp_input"]), weight(layer["mlp_gate"])])
+        tensors[names["mlp_wo"]] = weight(layer["mlp_output"])
+        if index:
+            tensors[names["attn_norm"]] = np.asarray(layer["attention_norm"]["scale"], np.float32)
+    return tensors

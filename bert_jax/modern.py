@@ -1,0 +1,239 @@
+"""A modern encoder beside BERT: ModernBERT's architecture (Warner et al., 2024) in Flax linen, as transformers'
+ModernBertForMaskedLM computes it.
+
+What differs from bert_jax.model's BERT: no position or segment embeddings (rotary embeddings on queries and keys
+instead, with one base for global layers and another for local ones); LayerNorm without bias after the embeddings,
+before attention and the MLP (pre-LN; the first layer's attention reads the normalised embeddings directly) and
+after the last layer; no biases in attention and the MLP; a gated GELU MLP (GeGLU); attention that is local (each
+token sees the tokens at most local_attention / 2 rows away) in every layer but every third, which is global; a head
+of dense (no bias), GELU and LayerNorm before the decoder tied to the embeddings (with a bias); masked LM only.
+
+Query, key and value (and the MLP's input and gate) are separate kernels here, each sharded over heads (mlp) by
+tensor parallelism; transformers keeps each triple (pair) as one matrix, which bert_jax.interop.modern concatenates
+and splits. Parameters carry the logical axis names of bert_jax.model, so the mesh rules are BERT's.
+"""
+
+import dataclasses
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from bert_jax import attention as attention_lib
+from bert_jax.model import COMPUTE_DTYPES, HEADS, HIDDEN, REMAT_POLICIES, gather_rows, gelu
+
+ARCHITECTURE = "modern"
+
+
+@dataclasses.dataclass(frozen=True)
+class ModernConfig:
+    """Architecture hyper-parameters (ModernBERT-base's by default); transformers' ModernBertConfig names in the
+    comments where they differ."""
+
+    vocab_size: int = 50368
+    hidden_size: int = 768
+    num_layers: int = 22  # num_hidden_layers
+    num_heads: int = 12  # num_attention_heads
+    intermediate_size: int = 1152  # the GeGLU's width: its input kernel is [hidden, 2 * intermediate_size]
+    max_position_embeddings: int = 8192  # the longest sequence: rotary embeddings have no table, this is a check
+    local_attention: int = 128  # a local layer's window: each token sees the rows at most half of it away
+    global_attn_every_n_layers: int = 3  # layers 0, n, 2n, ... attend globally
+    global_rope_theta: float = 160000.0
+    local_rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    dropout_rate: float = 0.0  # embedding_dropout and mlp_dropout
+    attention_dropout_rate: float = 0.0  # attention_dropout
+    initializer_range: float = 0.02
+    dtype: str = "float32"
+    attention: str = "auto"  # one of bert_jax.attention.ATTENTION_IMPLEMENTATIONS
+    remat: str = "none"  # one of bert_jax.model.REMAT_POLICIES
+
+    def validate(self) -> "ModernConfig":
+        """Raises ValueError("FIELD=VALUE: problem") for the first bad field."""
+        def fail(field, problem):
+            raise ValueError(f"{field}={getattr(self, field)!r}: {problem}")
+
+        for field in ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
+                      "max_position_embeddings", "local_attention", "global_attn_every_n_layers"):
+            if getattr(self, field) <= 0:
+                fail(field, "must be a positive integer")
+        if self.hidden_size % self.num_heads:
+            fail("num_heads", f"must divide hidden_size={self.hidden_size}")
+        if (self.hidden_size // self.num_heads) % 2:
+            fail("num_heads", f"rotary embeddings need an even head dim, not {self.hidden_size // self.num_heads}")
+        if self.local_attention % 2:
+            fail("local_attention", "must be even (the window is half of it on each side)")
+        for field in ("global_rope_theta", "local_rope_theta", "norm_eps"):
+            if getattr(self, field) <= 0:
+                fail(field, "must be positive")
+        for field in ("dropout_rate", "attention_dropout_rate"):
+            if not 0.0 <= getattr(self, field) < 1.0:
+                fail(field, "must be in [0, 1)")
+        if self.dtype not in COMPUTE_DTYPES:
+            fail("dtype", f"choose one of {COMPUTE_DTYPES}")
+        if self.attention not in attention_lib.ATTENTION_IMPLEMENTATIONS:
+            fail("attention", f"choose one of {attention_lib.ATTENTION_IMPLEMENTATIONS}")
+        if self.remat not in REMAT_POLICIES:
+            fail("remat", f"choose one of {tuple(REMAT_POLICIES)}")
+        return self
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def compute_dtype(self):
+        return jnp.dtype(self.dtype)
+
+    def is_global(self, layer: int) -> bool:
+        return layer % self.global_attn_every_n_layers == 0
+
+    def window(self, layer: int) -> int | None:
+        """Layer `layer`'s attention window (rows each side; None: global)."""
+        return None if self.is_global(layer) else self.local_attention // 2
+
+
+def _kernel_init(config: ModernConfig, names):
+    return nn.with_logical_partitioning(nn.initializers.truncated_normal(config.initializer_range), names)
+
+
+def _dense(config: ModernConfig, features: int, names, name: str, use_bias: bool = False, dtype=None) -> nn.Dense:
+    return nn.Dense(features, use_bias=use_bias, dtype=dtype or config.compute_dtype, param_dtype=jnp.float32,
+                    kernel_init=_kernel_init(config, names),
+                    bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), names[-1:]), name=name)
+
+
+def _layer_norm(config: ModernConfig, name: str) -> nn.LayerNorm:
+    return nn.LayerNorm(epsilon=config.norm_eps, use_bias=False, dtype=config.compute_dtype, param_dtype=jnp.float32,
+                        scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("norm",)), name=name)
+
+
+def rotary(x, position_ids, theta: float):
+    """Rotary position embedding of x ([batch, length, heads, head_dim]) at `position_ids` ([batch, length]): each
+    pair (i, i + head_dim / 2) rotated by position * theta^(-2i / head_dim), in float32 (as transformers)."""
+    half = x.shape[-1] // 2
+    inverse_frequencies = 1.0 / (theta ** (jnp.arange(0, half, dtype=jnp.float32) * 2 / x.shape[-1]))
+    angles = position_ids.astype(jnp.float32)[..., None] * inverse_frequencies  # [batch, length, half]
+    angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]
+    cos, sin = jnp.cos(angles), jnp.sin(angles)
+    x32 = x.astype(jnp.float32)
+    rotated = jnp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
+    return (x32 * cos + rotated * sin).astype(x.dtype)
+
+
+class ModernAttention(nn.Module):
+    """Self-attention with rotary queries and keys, global or local (`window` rows each side), no biases."""
+
+    config: ModernConfig
+    window: int | None
+    theta: float
+
+    @nn.compact
+    def __call__(self, x, attention_mask, position_ids, deterministic: bool):
+        config = self.config
+
+        def split_heads(name):  # [batch, length, hidden] -> [batch, length, heads, head_dim]
+            projected = _dense(config, config.hidden_size, ("embed", "heads"), name)(x)
+            projected = projected.reshape(*x.shape[:2], config.num_heads, config.head_dim)
+            return nn.with_logical_constraint(projected, HEADS)
+
+        query = rotary(split_heads("query"), position_ids, self.theta)
+        key = rotary(split_heads("key"), position_ids, self.theta)
+        value = split_heads("value")
+        implementation = attention_lib.attention_implementation(
+            config.attention, query, key, attention_mask, training=not deterministic,
+            dropout_rate=config.attention_dropout_rate)
+        dropout = nn.Dropout(config.attention_dropout_rate)
+        context = attention_lib.dot_product_attention(
+            implementation, query, key, value, attention_mask,
+            lambda probs: dropout(probs, deterministic=deterministic), window=self.window)
+        context = nn.with_logical_constraint(context, HEADS).reshape(*x.shape[:2], config.hidden_size)
+        output = _dense(config, config.hidden_size, ("heads", "embed"), "output")(context)
+        return nn.Dropout(config.attention_dropout_rate)(output, deterministic=deterministic)
+
+
+class ModernLayer(nn.Module):
+    """Pre-LN: x + attention(norm(x)), then x + GeGLU(norm(x)). Layer 0 has no attention norm (the embeddings were
+    just normalised), as in ModernBERT."""
+
+    config: ModernConfig
+    index: int
+
+    @nn.compact
+    def __call__(self, x, attention_mask, position_ids, deterministic: bool):
+        config = self.config
+        theta = config.global_rope_theta if config.is_global(self.index) else config.local_rope_theta
+        normed = x if self.index == 0 else _layer_norm(config, "attention_norm")(x)
+        x = x + ModernAttention(config, config.window(self.index), theta, name="attention")(
+            normed, attention_mask, position_ids, deterministic)
+        x = nn.with_logical_constraint(x, HIDDEN)
+        normed = _layer_norm(config, "mlp_norm")(x)
+        # GeGLU: gelu(input) * gate, two kernels so that tensor parallelism splits both the same way over "mlp".
+        hidden = (gelu(_dense(config, config.intermediate_size, ("embed", "mlp"), "mlp_input")(normed))
+                  * _dense(config, config.intermediate_size, ("embed", "mlp"), "mlp_gate")(normed))
+        hidden = nn.with_logical_constraint(hidden, ("batch", "length", "act_mlp"))
+        hidden = nn.Dropout(config.dropout_rate)(hidden, deterministic=deterministic)
+        x = x + _dense(config, config.hidden_size, ("mlp", "embed"), "mlp_output")(hidden)
+        return nn.with_logical_constraint(x, HIDDEN)
+
+
+def encode(config: ModernConfig, input_ids, input_mask, deterministic: bool, position_ids=None,
+           attention_mask=None):
+    """Embeddings, every layer and the final norm, created as `embeddings`, `embeddings_norm`, `layer_{i}` and
+    `final_norm` in the CALLING compact module. Returns (sequence_output, the word-embedding module).
+    Packed rows give `position_ids` (default 0..length-1) and `attention_mask` (a SegmentMask; default: input_mask
+    as a padding mask)."""
+    if input_ids.shape[1] > config.max_position_embeddings:
+        raise ValueError(f"sequence length {input_ids.shape[1]} exceeds max_position_embeddings="
+                         f"{config.max_position_embeddings}")
+    if position_ids is None:
+        position_ids = jnp.broadcast_to(jnp.arange(input_ids.shape[1], dtype=jnp.int32), input_ids.shape)
+    if attention_mask is None:
+        attention_mask = input_mask.astype(bool)
+    embeddings = nn.Embed(config.vocab_size, config.hidden_size, dtype=config.compute_dtype, param_dtype=jnp.float32,
+                          embedding_init=_kernel_init(config, ("vocab", "embed")), name="embeddings")
+    table = nn.with_logical_constraint(embeddings.embedding.astype(config.compute_dtype), ("vocab", None))
+    x = nn.with_logical_constraint(jnp.take(table, input_ids, axis=0), HIDDEN)
+    x = nn.Dropout(config.dropout_rate)(_layer_norm(config, "embeddings_norm")(x), deterministic=deterministic)
+    layer_class = ModernLayer
+    if config.remat != "none":
+        layer_class = nn.remat(ModernLayer, policy=REMAT_POLICIES[config.remat], static_argnums=(4,))
+    for index in range(config.num_layers):
+        x = layer_class(config, index, name=f"layer_{index}")(x, attention_mask, position_ids, deterministic)
+    return _layer_norm(config, "final_norm")(x), embeddings
+
+
+class ModernForMaskedLM(nn.Module):
+    """The encoder and the masked-LM head: dense (no bias), GELU, LayerNorm, then the decoder tied to the word
+    embeddings plus `mlm_output_bias`, at `masked_lm_positions` ([batch, predictions]) or, without them, at every
+    row. Returns `mlm_logits` (float32) and `sequence_output`. `segment_ids` is accepted and ignored (no segment
+    embeddings), so that pretraining batches feed it as they are."""
+
+    config: ModernConfig
+
+    @nn.compact
+    def __call__(self, input_ids, input_mask, segment_ids=None, masked_lm_positions=None, deterministic: bool = True,
+                 position_ids=None, instance_ids=None) -> dict[str, Any]:
+        del segment_ids
+        config = self.config
+        attention_mask = None if instance_ids is None else attention_lib.SegmentMask(instance_ids.astype(jnp.int32))
+        x, embeddings = encode(config, input_ids, input_mask, deterministic, position_ids, attention_mask)
+        rows = x if masked_lm_positions is None else gather_rows(x, masked_lm_positions)
+        rows = _dense(config, config.hidden_size, ("embed", None), "mlm_transform")(rows)
+        rows = _layer_norm(config, "mlm_layer_norm")(gelu(rows))
+        bias = self.param("mlm_output_bias", nn.with_logical_partitioning(nn.initializers.zeros_init(), ("vocab",)),
+                          (config.vocab_size,), jnp.float32)
+        logits = embeddings.attend(rows).astype(jnp.float32) + bias
+        return {"mlm_logits": logits, "sequence_output": x}
+
+
+def modern_config(**fields) -> ModernConfig:
+    return ModernConfig(**fields).validate()
+
+
+def init_params(config: ModernConfig, rng, length: int = 8):
+    """Unboxed float32 parameters of ModernForMaskedLM(config) (tests, conversions)."""
+    ids = jnp.zeros((1, length), jnp.int32)
+    variables = ModernForMaskedLM(config).init(rng, ids, ids)
+    return jax.tree.map(lambda x: x, nn.meta.unbox(variables["params"]))

@@ -1,0 +1,120 @@
+"""The modern encoder (bert_jax.modern): sliding-window attention on every back-end, and logits equal to
+transformers' ModernBertForMaskedLM from the same weights."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bert_jax import attention
+from bert_jax import modern
+from bert_jax.interop import modern as interop
+from tests.test_attention import _random_qkv, _segment_ids, _softmax_attention
+
+
+def _band(length, window):
+    rows = np.arange(length)
+    return np.abs(rows[:, None] - rows[None, :]) <= window
+
+
+def test_sliding_window_attention_is_softmax_attention_inside_the_band_on_every_backend():
+    """reference, xla and the Pallas splash kernel (its LocalMask, in the Pallas interpreter), under a padding mask
+    and packed rows, against float64 softmax attention over |query - key| <= window."""
+    length, window = 128, 9
+    query, key, value = _random_qkv(2, length, heads=2, head_dim=16, seed=5)
+    padding = np.arange(length)[None, :] < np.array([[100], [128]])
+    ids = _segment_ids(length, [[(0, 40), (40, 90), (90, 120)], [(0, 64), (64, 128)]])
+    band = _band(length, window)[None]
+    cases = ((jnp.asarray(padding), np.broadcast_to(padding[:, None, :], (2, length, length)) & band, padding),
+             (attention.SegmentMask(jnp.asarray(ids)), (ids[:, :, None] == ids[:, None, :]) & band, ids > 0))
+    splash = attention._splash_attention  # pylint: disable=protected-access
+    for mask, allowed, real in cases:
+        with np.errstate(invalid="ignore"):  # padding queries whose window holds only padding: never compared
+            expected = _softmax_attention(query, key, value, allowed)
+        unbanded = _softmax_attention(query, key, value, allowed | ~band)
+        assert np.abs(unbanded - expected)[real].max() > 0.1  # the window changes the result
+        for implementation in ("reference", "xla"):
+            context = attention.dot_product_attention(implementation, query, key, value, mask, window=window)
+            np.testing.assert_allclose(np.asarray(context)[real], expected[real], atol=2e-6, err_msg=implementation)
+        context = splash(query, key, value, mask, interpret=True, window=window)
+        np.testing.assert_allclose(np.asarray(context)[real], expected[real], atol=2e-5, err_msg="pallas")
+    with pytest.raises(ValueError, match="window=-1: must be 0 or more"):
+        attention.dot_product_attention("reference", query, key, value, jnp.asarray(padding), window=-1)
+
+
+# A small ModernBERT: 4 layers (0 and 3 global, 1 and 2 local with a window of 8, i.e. 4 rows each side), so that
+# sequences of 24 reach past the window.
+SMALL = dict(vocab_size=300, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, intermediate_size=96,
+             max_position_embeddings=64, local_attention=8, global_attn_every_n_layers=3, pad_token_id=0,
+             bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2)
+
+
+@pytest.fixture(scope="module")
+def small_modernbert():
+    """A random ModernBertForMaskedLM, its norms and decoder bias moved off their initial 1 and 0."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    theirs = transformers.ModernBertForMaskedLM(transformers.ModernBertConfig(**SMALL)).eval()
+    with torch.no_grad():
+        for name, parameter in theirs.named_parameters():
+            if "norm" in name or "bias" in name:
+                parameter.add_(torch.randn_like(parameter) * 0.1)
+    return theirs
+
+
+def test_mlm_logits_equal_transformers_with_padding_and_sequences_longer_than_the_window(small_modernbert):
+    import torch  # pylint: disable=import-outside-toplevel
+    theirs = small_modernbert
+    config = interop.config_from_transformers(theirs.config.to_dict())
+    assert (config.num_layers, config.local_attention, config.window(0), config.window(1), config.window(3)) == (
+        4, 8, None, 4, None)
+    state = {name: tensor.numpy() for name, tensor in theirs.state_dict().items()}
+    params = interop.params_from_transformers(state, config)
+
+    rng = np.random.default_rng(0)
+    ids = rng.integers(3, 300, (3, 24))
+    mask = np.ones((3, 24), np.int64)
+    mask[1, 17:] = mask[2, 5:] = 0  # padded rows; row 2 shorter than the window
+    with torch.no_grad():
+        expected = theirs(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask)).logits.numpy()
+    model = modern.ModernForMaskedLM(config)
+    logits = np.asarray(model.apply({"params": params}, jnp.asarray(ids), jnp.asarray(mask))["mlm_logits"])
+    real = mask.astype(bool)
+    scale = np.abs(expected[real]).max()
+    # Measured 3e-7 of the scale (float32 on both sides).
+    assert np.abs(logits - expected)[real].max() <= 1e-5 * scale
+
+    # At masked positions only (the pretraining head): those rows of the full logits.
+    positions = np.array([[0, 23, 5], [16, 2, 2], [4, 0, 1]])
+    at_positions = model.apply({"params": params}, jnp.asarray(ids), jnp.asarray(mask),
+                               masked_lm_positions=jnp.asarray(positions))["mlm_logits"]
+    np.testing.assert_allclose(at_positions, np.take_along_axis(logits, positions[..., None], axis=1), atol=1e-5)
+
+    # Every layer global instead: no longer transformers' logits (the window is really applied).
+    unwindowed = modern.ModernForMaskedLM(modern.modern_config(**{**config.__dict__, "global_attn_every_n_layers": 1}))
+    global_logits = np.asarray(unwindowed.apply({"params": params}, jnp.asarray(ids), jnp.asarray(mask))["mlm_logits"])
+    assert np.abs(global_logits - expected)[real].max() > 1e-3 * scale
+
+    # And back: transformers' tensors exactly, the tied decoder included.
+    tensors = interop.params_to_transformers(params, config)
+    assert sorted(tensors) == sorted(state)
+    for name, tensor in state.items():
+        np.testing.assert_array_equal(tensors[name], tensor, err_msg=name)
+
+
+def test_our_parameters_have_transformers_shapes_and_unsupported_configs_are_named():
+    config = modern.modern_config(vocab_size=300, hidden_size=64, num_layers=4, num_heads=4, intermediate_size=96,
+                                  local_attention=8)
+    params = modern.init_params(config, jax.random.key(0))
+    tensors = interop.params_to_transformers(params, config)
+    assert tensors["model.layers.1.attn.Wqkv.weight"].shape == (192, 64)
+    assert tensors["model.layers.1.mlp.Wi.weight"].shape == (192, 64)
+    assert "model.layers.0.attn_norm.weight" not in tensors  # layer 0 reads the normalised embeddings
+    assert interop.config_from_transformers(interop.transformers_config(config)) == config
+    with pytest.raises(ValueError, match="config.json: norm_bias=True is not supported"):
+        interop.config_from_transformers({**interop.transformers_config(config), "norm_bias": True})
+    with pytest.raises(ValueError, match="local_attention=7: must be even"):
+        modern.modern_config(local_attention=7)
+    with pytest.raises(ValueError, match="num_heads=3: must divide hidden_size=64"):
+        modern.modern_config(hidden_size=64, num_heads=3)

@@ -266,7 +266,7 @@ class Checkpointer:
         if metrics and "eval_loss" in metrics:
             eval_loss = {"eval_loss": float(metrics["eval_loss"])}
         elif metrics and "eval_mlm_loss" in metrics:
-            eval_loss = {"eval_loss": float(metrics["eval_mlm_loss"] + metrics["eval_nsp_loss"])}
+            eval_loss = {"eval_loss": float(metrics["eval_mlm_loss"] + metrics.get("eval_nsp_loss", 0.0))}
         self.wait()  # the previous save's outcome first: a failed one stops the run before another is started
         with self._reporting_save_errors(step):
             self.manager.save(step, args=ocp.args.Composite(**items), metrics=eval_loss, force=True)

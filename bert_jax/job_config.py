@@ -19,6 +19,7 @@ import jax
 from bert_jax import divergence
 from bert_jax import fileio
 from bert_jax import model as model_lib
+from bert_jax import modern
 from bert_jax import optim
 from bert_jax import sharding as sharding_lib
 from bert_jax import tasks
@@ -87,9 +88,12 @@ def validate(config, mode: str, num_devices: int | None = None, process_count: i
         raise ValueError(f"mode={mode!r}: choose one of {MODES}")
 
 
-def model_config(model) -> model_lib.BertConfig:
-    """BertConfig of `config.model`, its errors naming the --config.model flag."""
+def model_config(model):
+    """BertConfig (or, for arch="modern", bert_jax.modern.ModernConfig) of `config.model`, its errors naming the
+    --config.model flag."""
     try:
+        if modern.is_modern(model):
+            return modern.ModernConfig.from_config(model)
         return model_lib.BertConfig.from_config(model)
     except ValueError as error:
         message = str(error)
@@ -116,6 +120,10 @@ def _data_parallel(config, num_devices: int) -> tuple[int, tuple[str, ...], tupl
 def _validate_pretraining(config, num_devices: int, process_count: int, mode: str) -> None:
     """`mode`: "train" needs training data, "eval" held-out data only, "export" neither."""
     bert_config = model_config(config.model)
+    if modern.is_modern(config.model) and (mode == "export" or config.init):
+        raise ValueError("--config.model.arch='modern' pretrains from scratch and keeps its checkpoints: "
+                         f"{'--mode=export' if mode == 'export' else '--config.init'} is not available for it yet "
+                         "(bert_jax.interop.modern maps the weights to transformers' ModernBERT)")
     optim.validate(config.optim, config.train.num_steps)
     data_parallel, batch_axes, mesh_shape = _data_parallel(config, num_devices)
     train = config.train

@@ -26,8 +26,8 @@ def summarize_eval(sums: dict[str, float]) -> dict[str, float]:
     mlm_loss = sums["mlm_loss_sum"] / max(sums["mlm_weight"], 1e-5)
     return {"eval_mlm_loss": mlm_loss, "eval_mlm_accuracy": sums["mlm_correct"] / max(sums["mlm_weight"], 1e-5),
             "eval_mlm_perplexity": math.exp(min(mlm_loss, 80.0)),
-            "eval_nsp_loss": sums["nsp_loss_sum"] / sums["nsp_count"],
-            "eval_nsp_accuracy": sums["nsp_correct"] / sums["nsp_count"]}
+            **({"eval_nsp_loss": sums["nsp_loss_sum"] / sums["nsp_count"],
+                "eval_nsp_accuracy": sums["nsp_correct"] / sums["nsp_count"]} if "nsp_loss_sum" in sums else {})}
 
 
 def model_flops_per_sequence(config: model_lib.BertConfig, seq_length: int, max_predictions: int) -> float:
@@ -37,10 +37,13 @@ def model_flops_per_sequence(config: model_lib.BertConfig, seq_length: int, max_
     head (transform and tied decoder) at the masked positions only, since that is all the model computes.
     """
     h, layers = config.hidden_size, config.num_layers
-    encoder_matmul_params = layers * (4 * h * h + 2 * h * config.intermediate_size)
+    modern = not isinstance(config, model_lib.BertConfig)  # bert_jax.modern: a GeGLU (3 matmuls), no NSP head
+    encoder_matmul_params = layers * (4 * h * h + (3 if modern else 2) * h * config.intermediate_size)
+    # Local layers counted in full: the reference path computes every score and masks; kernels that skip the
+    # blocks outside the window do less.
     encoder = 6 * encoder_matmul_params * seq_length + 12 * layers * h * seq_length * seq_length
     mlm_head = 6 * max_predictions * (h * h + h * config.vocab_size)
-    pooler_and_nsp = 6 * (h * h + 2 * h)
+    pooler_and_nsp = 0 if modern else 6 * (h * h + 2 * h)
     return float(encoder + mlm_head + pooler_and_nsp)
 
 
@@ -59,7 +62,7 @@ def step_matmul_flops_per_sequence(config: model_lib.BertConfig, seq_length: int
     seq_length keys, forward and backward. Scanned layers compute every row of every layer: model_flops_per_sequence.
     """
     flops = model_flops_per_sequence(config, seq_length, max_predictions)
-    if config.scan_layers:
+    if config.scan_layers or not isinstance(config, model_lib.BertConfig):  # bert_jax.modern: every row, every layer
         return flops
     h = config.hidden_size
     skipped_rows = max(seq_length - cls_rows - max_predictions, 0)
@@ -77,9 +80,10 @@ def peak_flops_per_device(device: jax.Device, override: float = 0.0) -> float:
 
 
 def log_line(step: int, num_steps: int, scalars: dict[str, float], steps_per_second: float) -> str:
+    nsp = "nsp_loss" in scalars  # a masked-LM-only model logs no NSP figures
     line = (f"step {step}/{num_steps} | loss {scalars['loss']:.4f} mlm {scalars['mlm_loss']:.4f} "
-            f"nsp {scalars['nsp_loss']:.4f} | mlm_acc {scalars['mlm_accuracy']:.4f} "
-            f"nsp_acc {scalars['nsp_accuracy']:.4f} | grad_norm {scalars['grad_norm']:.3f} "
+            + (f"nsp {scalars['nsp_loss']:.4f} " if nsp else "") + f"| mlm_acc {scalars['mlm_accuracy']:.4f} "
+            + (f"nsp_acc {scalars['nsp_accuracy']:.4f} " if nsp else "") + f"| grad_norm {scalars['grad_norm']:.3f} "
             f"lr {scalars['learning_rate']:.3g}")
     if steps_per_second:
         mfu = f"{scalars['mfu']:.1%}" if "mfu" in scalars else "n/a"

@@ -48,6 +48,17 @@ class ModernConfig:
     dtype: str = "float32"
     attention: str = "auto"  # one of bert_jax.attention.ATTENTION_IMPLEMENTATIONS
     remat: str = "none"  # one of bert_jax.model.REMAT_POLICIES
+    scan_layers: bool = False  # not available: the layers differ (window, rotary base), so no one scan body
+
+    @classmethod
+    def from_config(cls, model_config) -> "ModernConfig":
+        """From `config.model` (a ConfigDict with arch="modern", or any mapping)."""
+        values = model_config.to_dict() if hasattr(model_config, "to_dict") else dict(model_config)
+        values.pop("arch", None)
+        unknown = set(values) - {field.name for field in dataclasses.fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown fields {sorted(unknown)} for arch={ARCHITECTURE!r}")
+        return cls(**values).validate()
 
     def validate(self) -> "ModernConfig":
         """Raises ValueError("FIELD=VALUE: problem") for the first bad field."""
@@ -76,6 +87,8 @@ class ModernConfig:
             fail("attention", f"choose one of {attention_lib.ATTENTION_IMPLEMENTATIONS}")
         if self.remat not in REMAT_POLICIES:
             fail("remat", f"choose one of {tuple(REMAT_POLICIES)}")
+        if self.scan_layers is not False:
+            fail("scan_layers", f"arch={ARCHITECTURE!r} unrolls its layers (they differ in window and rotary base)")
         return self
 
     @property
@@ -208,14 +221,16 @@ class ModernForMaskedLM(nn.Module):
     """The encoder and the masked-LM head: dense (no bias), GELU, LayerNorm, then the decoder tied to the word
     embeddings plus `mlm_output_bias`, at `masked_lm_positions` ([batch, predictions]) or, without them, at every
     row. Returns `mlm_logits` (float32) and `sequence_output`. `segment_ids` is accepted and ignored (no segment
-    embeddings), so that pretraining batches feed it as they are."""
+    embeddings), and so are `nsp_positions` (no NSP head): pretraining batches feed it as they are.
+    `sequence_output=False` (the train and eval steps) leaves `sequence_output` out."""
 
     config: ModernConfig
 
     @nn.compact
     def __call__(self, input_ids, input_mask, segment_ids=None, masked_lm_positions=None, deterministic: bool = True,
-                 position_ids=None, instance_ids=None) -> dict[str, Any]:
-        del segment_ids
+                 position_ids=None, instance_ids=None, nsp_positions=None,
+                 sequence_output: bool = True) -> dict[str, Any]:
+        del segment_ids, nsp_positions
         config = self.config
         attention_mask = None if instance_ids is None else attention_lib.SegmentMask(instance_ids.astype(jnp.int32))
         x, embeddings = encode(config, input_ids, input_mask, deterministic, position_ids, attention_mask)
@@ -225,7 +240,16 @@ class ModernForMaskedLM(nn.Module):
         bias = self.param("mlm_output_bias", nn.with_logical_partitioning(nn.initializers.zeros_init(), ("vocab",)),
                           (config.vocab_size,), jnp.float32)
         logits = embeddings.attend(rows).astype(jnp.float32) + bias
-        return {"mlm_logits": logits, "sequence_output": x}
+        return {"mlm_logits": logits, "sequence_output": x} if sequence_output else {"mlm_logits": logits}
+
+
+def is_modern(model_config) -> bool:
+    """Whether `config.model` (a ConfigDict or mapping) describes this architecture (arch="modern") rather than
+    BERT (no arch field, or arch="bert")."""
+    arch = model_config.get("arch", "bert")
+    if arch not in ("bert", ARCHITECTURE):
+        raise ValueError(f"arch={arch!r}: choose 'bert' or {ARCHITECTURE!r}")
+    return arch == ARCHITECTURE
 
 
 def modern_config(**fields) -> ModernConfig:

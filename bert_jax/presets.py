@@ -45,6 +45,42 @@ def model_config(size: str) -> ml_collections.ConfigDict:
     return model
 
 
+# model.arch="modern" (bert_jax.modern): (layers, hidden, heads, GeGLU width) per preset. base and large are
+# ModernBERT-base's and -large's shapes (Warner et al., 2024); the smaller ones keep base's 1.5x GeGLU width.
+MODERN_PRESETS = {
+    "tiny": (2, 128, 2, 192),
+    "mini": (4, 256, 4, 384),
+    "small": (4, 512, 8, 768),
+    "medium": (8, 512, 8, 768),
+    "base": (22, 768, 12, 1152),
+    "large": (28, 1024, 16, 2624),
+}
+ARCHITECTURES = ("bert", "modern")
+
+
+def modern_model_config(size: str) -> ml_collections.ConfigDict:
+    """config.model of preset `size` for arch=modern (bert_jax.modern.ModernConfig's fields)."""
+    layers, hidden, heads, intermediate = MODERN_PRESETS[size]
+    model = ml_collections.ConfigDict()
+    model.arch = "modern"  # a ModernBERT-style encoder (bert_jax.modern): masked LM only
+    model.vocab_size = 50368  # ModernBERT's; data.source=corpus replaces it with the trained tokenizer's, padded
+    model.hidden_size = hidden
+    model.num_layers = layers
+    model.num_heads = heads
+    model.intermediate_size = intermediate  # the GeGLU's width (its input kernel is twice as wide: input and gate)
+    model.max_position_embeddings = 8192  # the longest sequence (rotary embeddings: no table); >= data.max_seq_length
+    model.local_attention = 128  # a local layer's window: each token sees the tokens up to half of it away
+    model.global_attn_every_n_layers = 3  # layers 0, 3, 6, ... attend globally, the others locally
+    model.global_rope_theta = 160000.0  # rotary base of the global layers
+    model.local_rope_theta = 10000.0  # rotary base of the local layers
+    model.norm_eps = 1e-5  # LayerNorm (no bias) epsilon
+    model.dropout_rate = 0.0  # embedding and MLP dropout (ModernBERT pretrains without)
+    model.attention_dropout_rate = 0.0
+    model.initializer_range = 0.02  # stddev of the truncated-normal initialiser
+    model.dtype = "float32"  # compute dtype, as for BERT
+    return model
+
+
 def mesh_config() -> ml_collections.ConfigDict:
     """The mesh section, shared by every job's config (pretraining and fine-tuning)."""
     mesh = ml_collections.ConfigDict()
@@ -112,12 +148,16 @@ def checkpoint_config(every_steps: int) -> ml_collections.ConfigDict:
     return ckpt
 
 
-def pretraining_config(size: str = "tiny", data_source: str = "corpus") -> ml_collections.ConfigDict:
-    """The pretraining job's config for preset `size` and data source ("corpus", "tfrecord" or "synthetic"): every
-    field with its default, as configs/pretrain.py gives it and the benchmarks build from."""
+def pretraining_config(size: str = "tiny", data_source: str = "corpus", arch: str = "bert"
+                       ) -> ml_collections.ConfigDict:
+    """The pretraining job's config for preset `size`, data source ("corpus", "tfrecord" or "synthetic") and
+    architecture (ARCHITECTURES): every field with its default, as configs/pretrain.py gives it and the benchmarks
+    build from."""
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"unknown arch {arch!r}; choose one of {ARCHITECTURES}")
     config = ml_collections.ConfigDict()
 
-    config.model = model = model_config(size)
+    config.model = model = model_config(size) if arch == "bert" else modern_model_config(size)
     # The preset config.model was filled from. With config.init set, the checkpoint's architecture replaces the
     # preset's (model.vocab_size, hidden_size, num_layers, num_heads, intermediate_size, hidden_act,
     # max_position_embeddings, type_vocab_size, layer_norm_eps; see
@@ -205,6 +245,10 @@ def pretraining_config(size: str = "tiny", data_source: str = "corpus") -> ml_co
         # The default run: 200 steps on the demo corpus, long enough for MLM accuracy to climb visibly.
         optim.learning_rate = 1e-3
         optim.warmup_steps = 20
+    if arch == "modern":
+        # ModernBERT's recipe: masked LM only (the model has no NSP head) at a 30% masking rate.
+        data.masked_lm_prob = 0.3
+        data.max_predictions_per_seq = 40  # 30% of 128 tokens, rounded up to a multiple of 8
     if size in ("base", "large"):
         train.batch_size = 256
         optim.warmup_steps = 10000

@@ -19,6 +19,7 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from bert_jax import model as model_lib
+from bert_jax import modern
 from bert_jax import optim
 from bert_jax import runtime
 from bert_jax import sharding as sharding_lib
@@ -47,7 +48,8 @@ def dropout_key(seed: int, choice: str, platform: str) -> jax.Array:
 
 
 def pretraining_loss(outputs, batch, mlm_denominator, nsp_denominator):
-    """MLM and NSP losses and accuracies as in the original BERT, over the given normalisers.
+    """MLM and NSP losses and accuracies as in the original BERT, over the given normalisers (MLM alone for a model
+    without an NSP head).
 
     MLM loss = sum(weights * cross-entropy) / (sum(weights) + 1e-5) and NSP loss = mean cross-entropy (over the
     real instances of packed rows, see `_nsp_terms`). The denominators are passed in so that micro-batches of one
@@ -56,6 +58,8 @@ def pretraining_loss(outputs, batch, mlm_denominator, nsp_denominator):
     mlm_xent, mlm_correct = _mlm_terms(outputs["mlm_logits"], batch)
     mlm_loss = jnp.sum(mlm_xent) / mlm_denominator
     mlm_correct = jnp.sum(mlm_correct)
+    if "nsp_logits" not in outputs:  # a masked-LM-only model (bert_jax.modern)
+        return mlm_loss, {"loss": mlm_loss, "mlm_loss": mlm_loss, "mlm_accuracy": mlm_correct / mlm_denominator}
     nsp_xent, nsp_correct = _nsp_terms(outputs["nsp_logits"], batch)
     nsp_loss = jnp.sum(nsp_xent) / nsp_denominator
     nsp_correct = jnp.sum(nsp_correct)
@@ -272,22 +276,23 @@ def make_eval_step(model: nn.Module, rules):
             outputs = model.apply({"params": params}, **_model_inputs(batch), deterministic=True,
                                   sequence_output=False)
         mlm_xent, mlm_correct = _mlm_terms(outputs["mlm_logits"], batch)
-        nsp_xent, nsp_correct = _nsp_terms(outputs["nsp_logits"], batch)
         # 0 * NaN is NaN: whatever an all-padding row computes, it must not reach the sums.
         real_predictions = batch["masked_lm_weights"] > 0
         mlm_xent, mlm_correct = (jnp.where(real_predictions, term, 0.0) for term in (mlm_xent, mlm_correct))
-        if "nsp_weights" in batch:
-            real_instances = batch["nsp_weights"].reshape(-1) > 0
-            nsp_xent, nsp_correct = (jnp.where(real_instances, term, 0.0) for term in (nsp_xent, nsp_correct))
         _, nsp_count = batch_denominators(batch)
-        return {
+        sums = {
             "mlm_loss_sum": jnp.sum(mlm_xent),
             "mlm_correct": jnp.sum(mlm_correct),
             "mlm_weight": jnp.sum(batch["masked_lm_weights"].astype(jnp.float32)),
-            "nsp_loss_sum": jnp.sum(nsp_xent),
-            "nsp_correct": jnp.sum(nsp_correct).astype(jnp.float32),
-            "nsp_count": nsp_count,
+            "nsp_count": nsp_count,  # the records, which a masked-LM-only model counts too
         }
+        if "nsp_logits" not in outputs:
+            return sums
+        nsp_xent, nsp_correct = _nsp_terms(outputs["nsp_logits"], batch)
+        if "nsp_weights" in batch:
+            real_instances = batch["nsp_weights"].reshape(-1) > 0
+            nsp_xent, nsp_correct = (jnp.where(real_instances, term, 0.0) for term in (nsp_xent, nsp_correct))
+        return dict(sums, nsp_loss_sum=jnp.sum(nsp_xent), nsp_correct=jnp.sum(nsp_correct).astype(jnp.float32))
     return eval_step
 
 
@@ -392,11 +397,18 @@ class Setup:
                                                    grad_accum_steps))
 
 
+def pretraining_model(model_config) -> nn.Module:
+    """The pretraining model of `config.model`: BertForPreTraining, or ModernForMaskedLM for arch="modern"."""
+    if modern.is_modern(model_config):
+        return modern.ModernForMaskedLM(modern.ModernConfig.from_config(model_config))
+    return model_lib.BertForPreTraining(model_lib.BertConfig.from_config(model_config))
+
+
 def pretraining_setup(config, devices=None, num_steps: int | None = None) -> Setup:
     """The Setup of a pretraining config: BertForPreTraining of config.model, config.mesh over `devices` (default:
     all), config.optim's optimizer and schedule over `num_steps` (default train.num_steps), the state for
     config.data's shapes. The pretraining job, bert_jax.aot and the benchmarks build from it."""
-    model = model_lib.BertForPreTraining(model_lib.BertConfig.from_config(config.model))
+    model = pretraining_model(config.model)
     tx, schedule = optim.create_optimizer(config.optim, config.train.num_steps if num_steps is None else num_steps)
     return Setup.build(model, tx, schedule, sharding_lib.create_mesh(config.mesh, devices),
                        sharding_lib.logical_rules(config.mesh),

@@ -44,13 +44,25 @@ def tiny_config(mesh_shape=(1, 1, 1), dropout=False, vocab_size=TINY_VOCAB, **tr
     return config
 
 
+def tiny_modern_config(mesh_shape=(1, 1, 1), **train_overrides):
+    """tiny_config's shapes and optimizer for the modern encoder (arch=modern): 2 layers, a global and a local one
+    whose window (8: 4 rows each side) is shorter than the 32-token rows."""
+    config = tiny_config(mesh_shape, **train_overrides)
+    modern = pretrain.get_config("size=tiny,data=synthetic,arch=modern")
+    modern.model.vocab_size, modern.model.max_position_embeddings = config.model.vocab_size, 64
+    modern.model.local_attention = 8
+    for section in ("mesh", "optim", "data", "train"):
+        modern[section] = config[section]
+    return modern
+
+
 def train_steps(config, devices, steps):
     """`steps` jitted train steps of `config` on one synthetic batch (seed 3) over `devices`.
 
     Returns the losses, the final train state and the step's StableHLO text (what the model traced into)."""
     mesh = sharding_lib.create_mesh(config.mesh, devices)
     rules = sharding_lib.logical_rules(config.mesh)
-    model = model_lib.BertForPreTraining(model_lib.BertConfig.from_config(config.model))
+    model = train.pretraining_model(config.model)
     tx, schedule = optim.create_optimizer(config.optim, config.train.num_steps)
     batch = next(input_pipeline.synthetic_batches(
         batch_size=config.train.batch_size, max_seq_length=config.data.max_seq_length,

@@ -120,10 +120,9 @@ def _data_parallel(config, num_devices: int) -> tuple[int, tuple[str, ...], tupl
 def _validate_pretraining(config, num_devices: int, process_count: int, mode: str) -> None:
     """`mode`: "train" needs training data, "eval" held-out data only, "export" neither."""
     bert_config = model_config(config.model)
-    if modern.is_modern(config.model) and (mode == "export" or config.init):
-        raise ValueError("--config.model.arch='modern' pretrains from scratch and keeps its checkpoints: "
-                         f"{'--mode=export' if mode == 'export' else '--config.init'} is not available for it yet "
-                         "(bert_jax.interop.modern maps the weights to transformers' ModernBERT)")
+    if modern.is_modern(config.model) and config.init:
+        raise ValueError("--config.init is not available for --config.model.arch='modern' yet: it pretrains from "
+                         "scratch (bert_jax.interop.modern reads transformers' ModernBERT weights)")
     optim.validate(config.optim, config.train.num_steps)
     data_parallel, batch_axes, mesh_shape = _data_parallel(config, num_devices)
     train = config.train

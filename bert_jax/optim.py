@@ -1,5 +1,5 @@
-"""Optimizers and learning-rate schedules (optax): AdamW or LAMB, warmup then linear/polynomial decay, clipping,
-parameters held frozen.
+"""Optimizers and learning-rate schedules (optax): AdamW or LAMB, warmup then linear/polynomial decay or
+warmup-stable-decay, clipping, parameters held frozen.
 
 Gradient accumulation over micro-batches happens inside the train step (bert_jax.train), so that one optimizer
 step sees the gradient of the whole batch while only one micro-batch's activations are alive at a time.
@@ -7,12 +7,13 @@ step sees the gradient of the whole batch while only one micro-batch's activatio
 
 from absl import logging
 import jax
+import jax.numpy as jnp
 import optax
 
 from bert_jax import model as model_lib
 
 OPTIMIZERS = ("adamw", "lamb")
-DECAYS = ("linear", "polynomial")
+DECAYS = ("linear", "polynomial", "wsd")
 
 
 def validate(optim_config, num_steps: int) -> None:
@@ -33,6 +34,17 @@ def validate(optim_config, num_steps: int) -> None:
     if optim_config.warmup_steps > num_steps:
         logging.warning("optim.warmup_steps=%d exceeds train.num_steps=%d: the run ends before the peak "
                         "learning rate", optim_config.warmup_steps, num_steps)
+    if optim_config.decay == "wsd":
+        fraction = optim_config.get("decay_fraction", 0.1)
+        if not 0.0 < fraction <= 1.0:
+            raise ValueError(f"--config.optim.decay_fraction={fraction!r}: must be in (0, 1] (the share of the "
+                             "schedule's steps spent decaying)")
+        span = schedule_span(optim_config, num_steps)
+        decay_steps = _wsd_decay_steps(optim_config, span)
+        if optim_config.warmup_steps + decay_steps > span:
+            raise ValueError(f"--config.optim.warmup_steps={optim_config.warmup_steps} and --config.optim."
+                             f"decay_fraction={fraction} overlap: warmup and the last {decay_steps} decaying steps "
+                             f"do not fit the schedule's {span} steps")
     if optim_config.max_grad_norm < 0:
         fail("max_grad_norm", "must be >= 0 (0 disables clipping)")
     if optim_config.grad_accum_steps < 1:
@@ -44,11 +56,32 @@ def schedule_span(optim_config, num_steps: int) -> int:
     return int(optim_config.schedule_steps) or num_steps
 
 
+def _wsd_decay_steps(optim_config, span: int) -> int:
+    return max(int(round(optim_config.get("decay_fraction", 0.1) * span)), 1)
+
+
+def _one_minus_sqrt(peak: float, end: float, steps: int) -> optax.Schedule:
+    """peak -> end over `steps` steps as end + (peak - end) * (1 - sqrt(t)), t = step / steps: the "1-sqrt" cooldown
+    of warmup-stable-decay schedules (Hägele et al., 2024), which ModernBERT pretrained with."""
+    def schedule(count):
+        fraction = jnp.clip(count / steps, 0.0, 1.0)
+        return end + (peak - end) * (1.0 - jnp.sqrt(fraction))
+    return schedule
+
+
 def learning_rate_schedule(optim_config, num_steps: int) -> optax.Schedule:
     """Linear warmup from 0 to the peak, then linear or polynomial decay to end_learning_rate at the end of the
-    schedule's span (schedule_span)."""
+    schedule's span (schedule_span); or, with decay="wsd" (warmup-stable-decay), the peak held until the last
+    optim.decay_fraction of the span, which cools down to end_learning_rate ("1-sqrt")."""
     num_steps = schedule_span(optim_config, num_steps)
     warmup = int(optim_config.warmup_steps)
+    if optim_config.decay == "wsd":
+        decay_steps = _wsd_decay_steps(optim_config, num_steps)
+        peak = optim_config.learning_rate
+        parts = [optax.linear_schedule(0.0, peak, warmup)] if warmup else []
+        parts += [optax.constant_schedule(peak), _one_minus_sqrt(peak, optim_config.end_learning_rate, decay_steps)]
+        boundaries = [warmup] if warmup else []
+        return optax.join_schedules(parts, boundaries=boundaries + [num_steps - decay_steps])
     power = 1.0 if optim_config.decay == "linear" else float(optim_config.decay_power)
     decay = optax.polynomial_schedule(init_value=optim_config.learning_rate,
                                       end_value=optim_config.end_learning_rate, power=power,

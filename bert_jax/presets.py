@@ -114,8 +114,11 @@ def optim_config(learning_rate: float) -> ml_collections.ConfigDict:
     optim = ml_collections.ConfigDict()
     optim.optimizer = "adamw"  # "adamw" or "lamb"
     optim.learning_rate = learning_rate  # peak learning rate, reached at the end of warmup
-    optim.decay = "linear"  # "linear" or "polynomial" decay to end_learning_rate at the last step
+    # "linear" or "polynomial" decay to end_learning_rate at the last step, or "wsd" (warmup-stable-decay): the
+    # peak held until the last decay_fraction of the steps, which cool down to end_learning_rate as 1 - sqrt(t).
+    optim.decay = "linear"
     optim.decay_power = 1.0  # exponent of the polynomial decay
+    optim.decay_fraction = 0.1  # with decay="wsd": the share of the schedule's steps that decay
     optim.end_learning_rate = 0.0  # learning rate at the last step
     # Steps the schedule spans (0: train.num_steps). Set it to run a job in stages of one schedule: each stage's
     # train.num_steps stops it where it should, and every stage compiles the same step (the schedule is part of it).
@@ -249,6 +252,7 @@ def pretraining_config(size: str = "tiny", data_source: str = "corpus", arch: st
         # ModernBERT's recipe: masked LM only (the model has no NSP head) at a 30% masking rate.
         data.masked_lm_prob = 0.3
         data.max_predictions_per_seq = 40  # 30% of 128 tokens, rounded up to a multiple of 8
+        optim.decay = "wsd"  # warmup, a stable peak, then the last 10% cooling down
     if size in ("base", "large"):
         train.batch_size = 256
         optim.warmup_steps = 10000

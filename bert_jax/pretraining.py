@@ -19,6 +19,7 @@ from bert_jax import checkpoint as checkpoint_lib
 from bert_jax import fileio
 from bert_jax import metrics as metrics_lib
 from bert_jax import model as model_lib
+from bert_jax import modern
 from bert_jax.interop import init_architecture
 from bert_jax.interop import layout
 from bert_jax.interop import pretrained
@@ -226,9 +227,18 @@ def export_checkpoint(config, workdir: str, checkpoint: str = "", export_format:
     from bert_jax.interop import export  # pylint: disable=import-outside-toplevel
     from bert_jax.data import tokenization  # pylint: disable=import-outside-toplevel
     _require_prepared_data(config)  # the tokenizer and the padded vocab size are the data step's
-    model_config = model_lib.BertConfig.from_config(config.model)
     tokenizer = tokenization.load_tokenizer(config.data.vocab_file) if config.data.vocab_file else None
     checkpoint = checkpoint or fileio.join(workdir, checkpoint_lib.CHECKPOINT_SUBDIR)
     output = output or fileio.join(fileio.join(workdir, "export"), export_format)
+    if modern.is_modern(config.model):  # transformers' ModernBERT
+        from bert_jax.interop import modern as modern_interop  # pylint: disable=import-outside-toplevel
+        if export_format != "hf":
+            raise ValueError(f"--export_format={export_format}: --config.model.arch='modern' exports transformers' "
+                             "ModernBERT files only; use --export_format=hf")
+        model_config = modern.ModernConfig.from_config(config.model)
+        params = export.restore_model_params(checkpoint, modern.ModernForMaskedLM(model_config),
+                                             *layout.dummy_inputs())
+        return modern_interop.export_hf(params, model_config, output, tokenizer=tokenizer)
+    model_config = model_lib.BertConfig.from_config(config.model)
     return export.export_checkpoint(checkpoint, model_config, output, tokenizer=tokenizer,
                                     export_format=export_format)

@@ -1,6 +1,8 @@
 """The modern encoder (bert_jax.modern): sliding-window attention on every back-end, and logits equal to
 transformers' ModernBertForMaskedLM from the same weights."""
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -8,6 +10,7 @@ import pytest
 
 from bert_jax import attention
 from bert_jax import modern
+from bert_jax.interop import layout
 from bert_jax.interop import modern as interop
 from tests.test_attention import _random_qkv, _segment_ids, _softmax_attention
 
@@ -145,10 +148,9 @@ def test_the_recipe_and_its_refusals_name_the_flag():
     assert (config.data.masked_lm_prob, config.data.max_predictions_per_seq) == (0.3, 40)
     assert not hasattr(pretrain.get_config("size=base").model, "arch")  # BERT's config is as it was
     job_config.validate(config, "train", 8)
-    with pytest.raises(ValueError, match="--mode=export is not available for it yet"):
-        job_config.validate(config, "export", 8)
+    job_config.validate(config, "export", 8)
     config.init = "/some/run"
-    with pytest.raises(ValueError, match="--config.init is not available for it yet"):
+    with pytest.raises(ValueError, match="--config.init is not available for --config.model.arch='modern' yet"):
         job_config.validate(config, "train", 8)
     config.init, config.model.arch = "", "modren"
     with pytest.raises(ValueError, match=r"--config.model.arch='modren': choose 'bert' or 'modern'"):
@@ -158,3 +160,76 @@ def test_the_recipe_and_its_refusals_name_the_flag():
         job_config.validate(config, "train", 8)
     with pytest.raises(ValueError, match="unknown arch 'gpt'"):
         pretrain.get_config("arch=gpt")
+
+
+def test_warmup_stable_decay_holds_the_peak_then_cools_down_as_one_minus_sqrt():
+    from bert_jax import optim  # pylint: disable=import-outside-toplevel
+    from configs import pretrain  # pylint: disable=import-outside-toplevel
+    config = pretrain.get_config("size=tiny,data=synthetic,arch=modern").optim
+    assert config.decay == "wsd"
+    config.learning_rate, config.warmup_steps, config.decay_fraction, config.end_learning_rate = 1e-3, 10, 0.2, 1e-4
+    optim.validate(config, 100)
+    schedule = optim.learning_rate_schedule(config, 100)
+    rates = np.array([float(schedule(step)) for step in range(101)])
+    np.testing.assert_allclose(rates[:11], np.linspace(0, 1e-3, 11), rtol=1e-6, atol=1e-12)  # warmup
+    np.testing.assert_allclose(rates[10:81], 1e-3, rtol=1e-6)  # stable until the last 20 steps
+    expected = 1e-4 + (1e-3 - 1e-4) * (1 - np.sqrt(np.arange(21) / 20))
+    np.testing.assert_allclose(rates[80:], expected, rtol=1e-5)  # 1 - sqrt(t) down to end_learning_rate
+    config.decay_fraction = 0.95
+    with pytest.raises(ValueError, match="warmup_steps=10 and --config.optim.decay_fraction=0.95 overlap"):
+        optim.validate(config, 100)
+    config.decay_fraction = 0.0
+    with pytest.raises(ValueError, match=r"--config.optim.decay_fraction=0.0: must be in \(0, 1\]"):
+        optim.validate(config, 100)
+
+
+def _small_vocab(path, size):
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat", "on", "mat", "##s", "dog", "."]
+    words += [f"w{index}" for index in range(size - len(words))]
+    path.write_text("".join(word + "\n" for word in words))
+    return str(path)
+
+
+def test_a_modern_run_exports_a_directory_transformers_loads_as_modernbert(tmp_path):
+    """Pretrain the tiny modern encoder a few steps (synthetic data, a 500-word vocabulary in a 512-row model), then
+    --mode=export's function: AutoModelForMaskedLM loads ModernBertForMaskedLM with our logits (the vocabulary's
+    padding rows dropped), the task Auto classes load it with their heads fresh, and AutoTokenizer (tokenizer.json)
+    gives our ids."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from bert_jax import job_config, pretraining  # pylint: disable=import-outside-toplevel
+    from bert_jax.data import tokenization  # pylint: disable=import-outside-toplevel
+    from bert_jax.interop import export  # pylint: disable=import-outside-toplevel
+    from tests import helpers  # pylint: disable=import-outside-toplevel
+    config = helpers.tiny_modern_config((2, 2, 2), num_steps=3)
+    config.data.vocab_file = _small_vocab(tmp_path / "vocab.txt", 500)
+    workdir = str(tmp_path / "run")
+    helpers.run_pretraining(config, workdir)
+    exported = pretraining.export_checkpoint(job_config.prepare(config, workdir, "export"), workdir)
+    assert sorted(os.listdir(exported)) == ["config.json", "model.safetensors", "special_tokens_map.json",
+                                            "tokenizer.json", "tokenizer_config.json", "vocab.txt"]
+
+    theirs = transformers.AutoModelForMaskedLM.from_pretrained(exported, local_files_only=True).eval()
+    assert type(theirs).__name__ == "ModernBertForMaskedLM" and theirs.config.vocab_size == 500
+    tokenizer = transformers.AutoTokenizer.from_pretrained(exported, local_files_only=True)
+    texts = ["The cats sat on the mat.", "the dog"]
+    ours = tokenization.load_tokenizer(config.data.vocab_file)
+    inputs = tokenizer(texts, padding=True, return_tensors="pt")
+    assert inputs["input_ids"][0].tolist() == [ours.cls_id, *ours.encode_batch([texts[0]])[0], ours.sep_id]
+    with torch.no_grad():
+        expected = theirs(**inputs).logits.numpy()
+
+    model_config = modern.ModernConfig.from_config(config.model)
+    params = export.restore_model_params(os.path.join(workdir, "checkpoints"), modern.ModernForMaskedLM(model_config),
+                                         *layout.dummy_inputs())
+    logits = np.asarray(modern.ModernForMaskedLM(model_config).apply(
+        {"params": params}, jnp.asarray(inputs["input_ids"].numpy()),
+        jnp.asarray(inputs["attention_mask"].numpy()))["mlm_logits"])[..., :500]
+    real = inputs["attention_mask"].numpy().astype(bool)
+    assert np.abs(logits - expected)[real].max() <= 1e-5 * np.abs(expected[real]).max()
+    for auto in ("AutoModelForSequenceClassification", "AutoModelForTokenClassification",
+                 "AutoModelForQuestionAnswering"):
+        loaded = getattr(transformers, auto).from_pretrained(exported, local_files_only=True)
+        assert type(loaded).__name__.startswith("ModernBertFor"), auto
+        np.testing.assert_array_equal(loaded.model.embeddings.tok_embeddings.weight.detach().numpy(),
+                                      theirs.model.embeddings.tok_embeddings.weight.detach().numpy())

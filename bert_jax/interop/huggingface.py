@@ -82,7 +82,7 @@ def hf_config(config: model_lib.BertConfig, vocab_size: int, pad_token_id: int =
 # ---------------------------------------------------------------------------------------------------------------
 # Export.
 
-def _export_hf_tokenizer(tokenizer, output_dir: str, max_length: int) -> None:
+def export_hf_tokenizer(tokenizer, output_dir: str, max_length: int) -> None:
     special = dict(zip(("pad_token", "unk_token", "cls_token", "sep_token", "mask_token"),
                        tokenizer.convert_ids_to_tokens([tokenizer.pad_id, tokenizer.unk_id, tokenizer.cls_id,
                                                         tokenizer.sep_id, tokenizer.mask_id])))
@@ -131,7 +131,7 @@ def export_hf(params, bert_config: model_lib.BertConfig, output_dir: str, tokeni
     layout.write_json(os.path.join(output_dir, HF_CONFIG),
                       hf_config(bert_config, vocab_size, tokenizer.pad_id if tokenizer is not None else 0))
     if tokenizer is not None:
-        _export_hf_tokenizer(tokenizer, output_dir, bert_config.max_position_embeddings)
+        export_hf_tokenizer(tokenizer, output_dir, bert_config.max_position_embeddings)
     return output_dir
 
 
@@ -178,7 +178,7 @@ def export_hf_classifier(params, bert_config: model_lib.BertConfig, output_dir: 
         config["id2label"] = {str(index): name for index, name in enumerate(label_names)}
         config["label2id"] = {name: index for index, name in enumerate(label_names)}
     layout.write_json(os.path.join(output_dir, HF_CONFIG), config)
-    _export_hf_tokenizer(tokenizer, output_dir, bert_config.max_position_embeddings)
+    export_hf_tokenizer(tokenizer, output_dir, bert_config.max_position_embeddings)
     return output_dir
 
 

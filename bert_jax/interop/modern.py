@@ -1,15 +1,20 @@
-"""transformers' ModernBERT and bert_jax.modern: the config (`config_from_transformers`, `transformers_config`) and
-the weights both ways (`params_from_transformers`, `params_to_transformers`), as numpy arrays by transformers'
-tensor names (ModernBertForMaskedLM's state dict).
+"""transformers' ModernBERT and bert_jax.modern: the config (`config_from_transformers`, `transformers_config`), the
+weights both ways (`params_from_transformers`, `params_to_transformers`), as numpy arrays by transformers' tensor
+names (ModernBertForMaskedLM's state dict), and `export_hf`, a directory transformers loads.
 
 transformers keeps query, key and value as one matrix (`Wqkv`, [3 * hidden, hidden]: query rows, then key, then
 value, each heads x head_dim) and the GeGLU's input and gate as one (`Wi`, [2 * intermediate, hidden]: input rows,
 then gate); a PyTorch Linear weight is our kernel transposed. The decoder is tied to the word embeddings.
 """
 
+import os
+
 import numpy as np
+from safetensors import numpy as safetensors_numpy
 
 from bert_jax import modern
+from bert_jax.interop import huggingface
+from bert_jax.interop import layout
 
 # ModernBertConfig fields that must hold for its model to be ours (the rest are defaults we do not model).
 _REQUIRED = {"norm_bias": False, "attention_bias": False, "mlp_bias": False, "decoder_bias": True,
@@ -126,3 +131,48 @@ def params_to_transformers(params: dict, config: modern.ModernConfig) -> dict:
         if index:
             tensors[names["attn_norm"]] = np.asarray(layer["attention_norm"]["scale"], np.float32)
     return tensors
+
+
+def export_hf(params, config: modern.ModernConfig, output_dir: str, tokenizer=None) -> str:
+    """Writes a directory that transformers' AutoModelForMaskedLM (and the sequence, token and question-answering
+    Auto classes, their heads initialised there) load offline as ModernBERT: config.json, model.safetensors (the
+    tied decoder not written, as transformers' save_pretrained does not) and, given `tokenizer` (WordPiece, or a
+    path load_tokenizer accepts), its files: tokenizer.json beside vocab.txt and tokenizer_config.json. The
+    tokenizer's size is the real vocabulary: rows beyond it (model.vocab_size's padding) are dropped. Returns
+    output_dir."""
+    nested = layout.unflatten(layout.host_params(params))  # float32 numpy on the host, gathered if sharded
+    tokenizer = layout.as_tokenizer(tokenizer)
+    if tokenizer is not None and tokenizer.kind != "wordpiece":
+        raise ValueError(f"export_hf: a {tokenizer.kind} tokenizer cannot be written as transformers' WordPiece "
+                         "files; export with a WordPiece vocabulary (data.tokenizer=wordpiece)")
+    vocab_size = tokenizer.vocab_size if tokenizer is not None else config.vocab_size
+    if vocab_size > config.vocab_size:
+        raise ValueError(f"export_hf: the tokenizer has {vocab_size} entries but the model only "
+                         f"{config.vocab_size} rows (model.vocab_size)")
+    tensors = params_to_transformers(nested, config)
+    del tensors["decoder.weight"]
+    for name in ("model.embeddings.tok_embeddings.weight", "decoder.bias"):
+        tensors[name] = np.ascontiguousarray(tensors[name][:vocab_size])
+    os.makedirs(output_dir, exist_ok=True)
+    safetensors_numpy.save_file(tensors, os.path.join(output_dir, huggingface.HF_WEIGHTS), metadata={"format": "pt"})
+    values = dict(transformers_config(config), vocab_size=vocab_size)
+    if tokenizer is not None:
+        values.update(pad_token_id=tokenizer.pad_id, cls_token_id=tokenizer.cls_id, bos_token_id=tokenizer.cls_id,
+                      sep_token_id=tokenizer.sep_id, eos_token_id=tokenizer.sep_id)
+        _write_tokenizer(tokenizer, output_dir, config.max_position_embeddings)
+    layout.write_json(os.path.join(output_dir, huggingface.HF_CONFIG), values)
+    return output_dir
+
+
+def _write_tokenizer(tokenizer, output_dir: str, max_length: int) -> None:
+    """vocab.txt and tokenizer_config.json as the BERT export writes them, and tokenizer.json: the same WordPiece
+    tokenizer as `tokenizers` builds it for transformers' BertTokenizerFast (clean text, CJK split, lower-case and
+    accent strip as do_lower_case, [CLS] ... [SEP] around each text)."""
+    from tokenizers import implementations  # pylint: disable=import-outside-toplevel
+    huggingface.export_hf_tokenizer(tokenizer, output_dir, max_length)
+    words = tokenizer.vocab_words
+    backend = implementations.BertWordPieceTokenizer(
+        {word: index for index, word in enumerate(words)}, unk_token=words[tokenizer.unk_id],
+        sep_token=words[tokenizer.sep_id], cls_token=words[tokenizer.cls_id], pad_token=words[tokenizer.pad_id],
+        mask_token=words[tokenizer.mask_id], lowercase=tokenizer.do_lower_case)
+    backend.save(os.path.join(output_dir, "tokenizer.json"))

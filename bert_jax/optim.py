@@ -44,7 +44,8 @@ def validate(optim_config, num_steps: int) -> None:
         if optim_config.warmup_steps + decay_steps > span:
             raise ValueError(f"--config.optim.warmup_steps={optim_config.warmup_steps} and --config.optim."
                              f"decay_fraction={fraction} overlap: warmup and the last {decay_steps} decaying steps "
-                             f"do not fit the schedule's {span} steps")
+                             f"do not fit the schedule's {span} steps. Fix: fewer warmup steps, a smaller decay_fraction, or "
+                             "more steps (train.num_steps or optim.schedule_steps)")
     if optim_config.max_grad_norm < 0:
         fail("max_grad_norm", "must be >= 0 (0 disables clipping)")
     if optim_config.grad_accum_steps < 1:

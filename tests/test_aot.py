@@ -210,6 +210,8 @@ def test_cli_bad_topology_names_the_flag():
     ([f"--topology={TOPOLOGY}", "--plan_headroom=1.5"], "--plan_headroom=1.5: must be in [0, 1)"),
     ([f"--topology={TOPOLOGY}", "--plan_batch=-256"], "--plan_batch=-256: must be positive"),
     ([f"--topology={TOPOLOGY}", "--plan_saturation=0"], "--plan_saturation=0.0: must be in (0, 1]"),
+    ([f"--topology={TOPOLOGY}", "--config=configs/pretrain.py:size=tiny,arch=modern", "--plan_scan=on"],
+     "--plan_scan=on: --config.model.arch='modern' unrolls its layers; use --plan_scan=off"),
 ])
 def test_cli_plan_refuses_bad_flags_by_name(args, message):
     _require_libtpu()

@@ -151,6 +151,21 @@ def test_auto_attention_compiles_the_pallas_kernel_for_the_tpu_from_a_cpu_host()
     assert model_lib.target_platform() == "cpu"  # the override ends with the compilation
 
 
+def test_the_modern_encoder_compiles_for_the_tpu_with_the_splash_kernels_local_mask():
+    """arch=modern on the same path (fsdp x tensor = 2 x 2 on a v5e slice): its global and local layers both take the
+    splash kernel (the local one with its LocalMask: a 256-token row, a 128-token window), and the report holds."""
+    _require_libtpu()
+    config = pretrain.get_config("size=tiny,data=synthetic,arch=modern")
+    config.model.vocab_size = 512
+    config.data.max_seq_length, config.data.max_predictions_per_seq = 256, 40
+    config.mesh.data, config.mesh.fsdp, config.mesh.tensor = 1, 2, 2
+    config.train.batch_size = 4
+    compiled, report = aot.compile_train_step(config, TOPOLOGY)
+    assert report.fits and report.flops_per_device > 0
+    assert compiled.as_text().count('custom_call_target="tpu_custom_call"') >= 2  # forward kernels of both layers
+    assert model_lib.target_platform() == "cpu"
+
+
 def test_bad_topologies_name_the_flag():
     _require_libtpu()
     with pytest.raises(ValueError, match=r"--topology='v9x:2x2'.*unknown TPU chip 'v9x'"):

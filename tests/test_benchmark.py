@@ -290,3 +290,21 @@ def test_finetune_benchmark_writes_valid_conll_and_squad_tasks(tmp_path):
         row = next(row for row in np.flatnonzero(windows.example == index) if windows.start_positions[row] > 0)
         span = windows.input_ids[row, windows.start_positions[row]:windows.end_positions[row] + 1]
         assert len(span) == len(example.answers[0].split())
+
+
+def test_the_modern_encoder_is_timed_against_transformers_modernbert_on_the_same_batch():
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    lines = []
+    (result,) = benchmark.run(["tiny"], seq_length=32, batch_size=2, steps=1, warmup=0, matmul_size=256,
+                              compare_torch=True, devices=jax.devices()[:1], print_fn=lines.append, matmuls="off",
+                              arch="modern")
+    assert type(result["model_config"]).__name__ == "ModernConfig"
+    assert result["flops_per_step"] == metrics_lib.model_flops_per_sequence(result["model_config"], 32, 5) * 2
+    assert result["executed_flops_per_step"] == result["flops_per_step"]  # every row of every layer
+    assert result["torch_stock_s"] > 0 and result["torch_gathered_s"] > 0
+    # Masked LM only on both sides, fresh initialisations: both losses sit near ln(50368) = 10.8.
+    assert abs(result["loss"] - 10.83) < 0.3 and abs(result["torch_loss"] - 10.83) < 0.3, result
+    assert any(line.startswith("HuggingFace ModernBertForMaskedLM on cpu") and "forward + MLM loss" in line
+               for line in lines), lines
+    assert not any("pooler/NSP" in line or "[CLS] and masked rows" in line for line in lines)

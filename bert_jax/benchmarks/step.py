@@ -31,6 +31,7 @@ import numpy as np
 
 from bert_jax import attention as attention_lib
 from bert_jax import metrics as metrics_lib
+from bert_jax import model as model_lib
 from bert_jax import presets
 from bert_jax import runtime
 from bert_jax import sharding as sharding_lib
@@ -43,6 +44,8 @@ def _define_flags():
     """The program's flags, defined only when it runs: importing this module (bert_jax.benchmarks.gpu and the
     tests do) defines none, so they never collide with another benchmark's."""
     flags.DEFINE_list("size", ["base"], "Presets to measure (tiny, mini, small, medium, base, large).")
+    flags.DEFINE_enum("arch", "bert", list(presets.ARCHITECTURES), "The architecture: bert (BertForPreTraining "
+                      "against transformers' own), or modern (bert_jax.modern against ModernBertForMaskedLM).")
     flags.DEFINE_integer("seq_length", 128, "Sequence length.")
     flags.DEFINE_integer("batch_size", 8, "Global batch size (a multiple of the device count).")
     flags.DEFINE_integer("max_predictions", 0, "Masked positions per sequence; 0 means 15% of seq_length.")
@@ -151,10 +154,10 @@ def default_max_predictions(seq_length: int) -> int:
 
 
 def preset_config(size: str, seq_length: int, max_predictions: int, dtype: str, batch_size: int, num_steps: int,
-                  attention: str = "auto"):
-    """The pretraining config the benchmarks measure: preset `size` at these shapes, dtype and attention. The fused
-    kernels (xla, cudnn, pallas) have no attention dropout, so with one of them it is off."""
-    config = presets.pretraining_config(size)
+                  attention: str = "auto", arch: str = "bert"):
+    """The pretraining config the benchmarks measure: preset `size` of `arch` at these shapes, dtype and attention.
+    The fused kernels (xla, cudnn, pallas) have no attention dropout, so with one of them it is off."""
+    config = presets.pretraining_config(size, arch=arch)
     config.model.dtype = dtype
     config.model.attention = attention
     if attention in attention_lib.FUSED_IMPLEMENTATIONS:
@@ -192,7 +195,7 @@ def _memory_stats(compiled, device) -> dict[str, float]:
 def benchmark_step(size: str, seq_length: int, batch_size: int, max_predictions: int, dtype: str, steps: int,
                    warmup: int, devices=None, matmuls: bool = False,
                    matmul_flops_per_s: float = matmul_bound_lib.DEFAULT_FLOPS_PER_S,
-                   dropout_rng: str = "threefry") -> dict:
+                   dropout_rng: str = "threefry", arch: str = "bert") -> dict:
     """Compile time and median wall time of the real sharded train step (data parallel over `devices`, default all).
 
     Returns the timings, throughput, model FLOPs per step (model_flops_per_sequence * batch_size) and the matmul
@@ -207,7 +210,7 @@ def benchmark_step(size: str, seq_length: int, batch_size: int, max_predictions:
     if batch_size % len(devices):
         raise ValueError(f"--batch_size={batch_size} must be a multiple of the {len(devices)} devices "
                          "(the benchmark shards the batch over all of them)")
-    config = preset_config(size, seq_length, max_predictions, dtype, batch_size, steps + warmup + 1)
+    config = preset_config(size, seq_length, max_predictions, dtype, batch_size, steps + warmup + 1, arch=arch)
     setup = train.pretraining_setup(config, devices)
     model_config = setup.model.config
     batch = synthetic_batch(batch_size, seq_length, max_predictions, model_config.vocab_size)
@@ -345,7 +348,8 @@ def torch_table_row(result: dict) -> str:
 
 def run(sizes, seq_length: int, batch_size: int, max_predictions: int = 0, dtype: str = "float32", steps: int = 10,
         warmup: int = 2, matmul_size: int = 0, compare_torch: bool | None = None, threads: int = 0, devices=None,
-        print_fn: Callable[[str], None] = print, matmuls: str = "total", dropout_rng: str = "threefry") -> list[dict]:
+        print_fn: Callable[[str], None] = print, matmuls: str = "total", dropout_rng: str = "threefry",
+        arch: str = "bert") -> list[dict]:
     """Measures every preset in `sizes` and prints the tables; returns one result dict per preset.
 
     compare_torch=None means: on when the platform is CPU or GPU and torch + transformers are installed; torch runs on
@@ -376,7 +380,7 @@ def run(sizes, seq_length: int, batch_size: int, max_predictions: int = 0, dtype
     results = []
     for size in sizes:
         results.append(benchmark_step(size, seq_length, batch_size, max_predictions, dtype_name, steps, warmup,
-                                      devices, matmuls != "off", before / parallel, dropout_rng))
+                                      devices, matmuls != "off", before / parallel, dropout_rng, arch))
         # Printed as each preset finishes: the table waits for the second ceiling measurement, and a later preset
         # that fails (out of memory, say) must not take this one's figures with it.
         print_fn(spread(f"{size} (jax)", results[-1]["step_times"]))
@@ -423,6 +427,10 @@ def _print_setup(print_fn, devices, dropout_rng: str, cores: int, threads: int, 
         print_fn(f"GLIBC_TUNABLES: {os.environ.get('GLIBC_TUNABLES', '(unset: glibc defaults)')}")
 
 
+def _is_modern(results) -> bool:
+    return not isinstance(results[0]["model_config"], model_lib.BertConfig)
+
+
 def _print_ceiling(print_fn, results, dtype_name: str, matmul_size: int, parallel: int, before: float, after: float,
                    peak: float, max_predictions: int) -> None:
     ceiling = max(before, after)
@@ -430,10 +438,13 @@ def _print_ceiling(print_fn, results, dtype_name: str, matmul_size: int, paralle
              f"): {ceiling / 1e12:.3f} TFLOP/s, the higher of a measurement before the steps, {before / 1e12:.3f}, "
              f"and one after them, {after / 1e12:.3f}; nominal bf16 peak: "
              + (f"{peak / 1e12:.0f} TFLOP/s" if peak else "unknown for this device (MFU peak: n/a)"))
-    print_fn(f"model FLOPs: 6*N*T + 12*L*d*T^2 + MLM head at {max_predictions} masked positions (+ pooler/NSP), "
-             "N = encoder matmul parameters, every token through every layer; MFU ceil = model FLOP/s / measured "
-             "ceiling. The step executes fewer matmul FLOPs, the last layer computing only the [CLS] and masked "
-             "rows the heads read: "
+    modern = _is_modern(results)
+    print_fn(f"model FLOPs: 6*N*T + 12*L*d*T^2 + MLM head at {max_predictions} masked positions"
+             + ("" if modern else " (+ pooler/NSP)") + ", N = encoder matmul parameters, every token through every "
+             "layer; MFU ceil = model FLOP/s / measured ceiling. "
+             + ("The modern encoder's step computes every row of every layer (local layers' scores in full on the "
+                "reference path): " if modern else "The step executes fewer matmul FLOPs, the last layer computing "
+                "only the [CLS] and masked rows the heads read: ")
              + ", ".join(f"{result['size']} {result['executed_flops_per_step'] / 1e9:.1f} GFLOP" for result in results))
 
 
@@ -475,11 +486,13 @@ def _time_torch(results, steps: int, warmup: int, threads: int, device: str = "c
 
 
 def _print_torch_tables(print_fn, results, dtype_name: str) -> None:
-    first = results[0]
-    print_fn(f"HuggingFace BertForPreTraining on {first['torch_device']}, torch {first['torch_version']}, transformers "
+    first, modern = results[0], _is_modern(results)
+    print_fn(f"HuggingFace {'ModernBertForMaskedLM' if modern else 'BertForPreTraining'} on {first['torch_device']}, "
+             f"torch {first['torch_version']}, transformers "
              f"{first['transformers_version']}, attention {first['torch_attention']}, "
              f"threads {first['torch_threads']}, {'bf16 autocast' if dtype_name == 'bfloat16' else 'fp32'}, "
-             "dropout on, same batch; step = forward + MLM/NSP loss + backward + clip + AdamW")
+             f"dropout on, same batch; step = forward + {'MLM' if modern else 'MLM/NSP'} loss + backward + clip + "
+             "AdamW")
     print_fn("stock: MLM logits at all positions, loss on masked ones; gathered: head on masked positions only; "
              "x = torch time / jax time; losses: first step, fresh initialisation")
     print_fn(_row(TORCH_COLUMNS, _widths(TORCH_COLUMNS)))
@@ -501,7 +514,7 @@ def main(argv):
         raise app.UsageError(str(error)) from error
     run(FLAGS.size, FLAGS.seq_length, FLAGS.batch_size, FLAGS.max_predictions, FLAGS.dtype, FLAGS.steps,
         FLAGS.warmup, FLAGS.matmul_size, FLAGS.compare_torch, FLAGS.threads, print_fn=lambda line: print(
-            line, flush=True), matmuls=FLAGS.matmuls, dropout_rng=FLAGS.dropout_rng)
+            line, flush=True), matmuls=FLAGS.matmuls, dropout_rng=FLAGS.dropout_rng, arch=FLAGS.arch)
 
 
 if __name__ == "__main__":

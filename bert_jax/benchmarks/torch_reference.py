@@ -67,7 +67,10 @@ def benchmark_step(model_config: model_lib.BertConfig, batch: dict[str, np.ndarr
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     try:
-        model_class = getattr(transformers, TASK_MODELS[task])
+        modern = not isinstance(model_config, model_lib.BertConfig)  # bert_jax.modern: ModernBertForMaskedLM
+        if modern and task != "pretraining":
+            raise ValueError(f"task={task!r}: the modern encoder is compared in pretraining only")
+        model_class = getattr(transformers, "ModernBertForMaskedLM" if modern else TASK_MODELS[task])
         hf_config = _hf_config(model_config)
         if task != "pretraining":
             hf_config.num_labels = num_labels
@@ -96,9 +99,15 @@ def benchmark_step(model_config: model_lib.BertConfig, batch: dict[str, np.ndarr
         torch.set_num_threads(previous_threads)
 
 
-def _hf_config(model_config: model_lib.BertConfig):
-    """transformers.BertConfig of our architecture."""
+def _hf_config(model_config):
+    """transformers.BertConfig of our architecture (ModernBertConfig for bert_jax.modern's)."""
     import transformers
+
+    if not isinstance(model_config, model_lib.BertConfig):
+        from bert_jax.interop import modern as modern_interop  # pylint: disable=import-outside-toplevel
+        return transformers.ModernBertConfig(**modern_interop.transformers_config(model_config),
+                                             pad_token_id=0, cls_token_id=101, sep_token_id=102, bos_token_id=101,
+                                             eos_token_id=102)
 
     return transformers.BertConfig(
         vocab_size=model_config.vocab_size, hidden_size=model_config.hidden_size,
@@ -116,8 +125,11 @@ def _adamw(model, learning_rate: float):
     """AdamW as our optimizer: weight decay 0.01, none on biases and LayerNorm."""
     import torch
 
-    no_decay = [p for n, p in model.named_parameters() if n.endswith("bias") or "LayerNorm" in n]
-    decay = [p for n, p in model.named_parameters() if not (n.endswith("bias") or "LayerNorm" in n)]
+    def exempt(name):  # BERT's LayerNorm, ModernBERT's norms (attn_norm, mlp_norm, ...), and biases
+        return name.endswith("bias") or "LayerNorm" in name or "norm" in name.split(".")[-2]
+
+    no_decay = [p for n, p in model.named_parameters() if exempt(n)]
+    decay = [p for n, p in model.named_parameters() if not exempt(n)]
     return torch.optim.AdamW([{"params": decay, "weight_decay": 0.01},
                               {"params": no_decay, "weight_decay": 0.0}],
                              lr=learning_rate, betas=(0.9, 0.999), eps=1e-6)
@@ -159,6 +171,19 @@ def _train_step(model, optimizer, batch: dict[str, np.ndarray], gathered_head: b
     nsp_labels = tensor(batch["next_sentence_labels"], torch.long)
     labels = torch.full_like(input_ids, -100)
     labels.scatter_(1, positions, torch.where(weights > 0, masked_lm_ids, -100))
+
+    def modern_loss_fn():  # masked LM only, as bert_jax.modern; gathered: the head on the masked rows only
+        if not gathered_head:
+            return model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
+        sequence_output = model.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        index = positions[..., None].expand(-1, -1, sequence_output.shape[-1])
+        logits = model.decoder(model.head(torch.gather(sequence_output, 1, index)))
+        xent = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), masked_lm_ids.flatten(),
+                                                 reduction="none")
+        return torch.sum(weights.flatten() * xent) / (weights.sum() + 1e-5)
+
+    if type(model).__name__ == "ModernBertForMaskedLM":
+        return _optimizer_step(model, optimizer, modern_loss_fn, autocast)
 
     def loss_fn():
         if not gathered_head:

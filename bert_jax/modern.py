@@ -17,7 +17,6 @@ import dataclasses
 from typing import Any
 
 import flax.linen as nn
-import jax
 import jax.numpy as jnp
 
 from bert_jax import attention as attention_lib
@@ -259,5 +258,4 @@ def modern_config(**fields) -> ModernConfig:
 def init_params(config: ModernConfig, rng, length: int = 8):
     """Unboxed float32 parameters of ModernForMaskedLM(config) (tests, conversions)."""
     ids = jnp.zeros((1, length), jnp.int32)
-    variables = ModernForMaskedLM(config).init(rng, ids, ids)
-    return jax.tree.map(lambda x: x, nn.meta.unbox(variables["params"]))
+    return nn.meta.unbox(ModernForMaskedLM(config).init(rng, ids, ids)["params"])

@@ -206,6 +206,10 @@ def test_a_modern_run_exports_a_directory_transformers_loads_as_modernbert(tmp_p
     workdir = str(tmp_path / "run")
     helpers.run_pretraining(config, workdir)
     exported = pretraining.export_checkpoint(job_config.prepare(config, workdir, "export"), workdir)
+    bert = helpers.tiny_config((2, 2, 2))
+    bert.init = os.path.join(workdir, "checkpoints")
+    with pytest.raises(ValueError, match="a checkpoint of the modern encoder \\(arch=modern\\), which --config.init"):
+        job_config.prepare(bert, str(tmp_path / "bert"), "train")
     assert sorted(os.listdir(exported)) == ["config.json", "model.safetensors", "special_tokens_map.json",
                                             "tokenizer.json", "tokenizer_config.json", "vocab.txt"]
 

@@ -51,13 +51,19 @@ def write_run_model_config(directory: str, model_config: model_lib.BertConfig) -
     if jax.process_index() == 0:
         fileio.makedirs(directory)
         with fileio.open_file(fileio.join(directory, RUN_MODEL_CONFIG), "w") as file:
-            file.write(json.dumps(dataclasses.asdict(model_config), indent=2) + "\n")
+            values = dataclasses.asdict(model_config)
+            if not isinstance(model_config, model_lib.BertConfig):  # bert_jax.modern's ModernConfig
+                values = {"arch": "modern", **values}
+            file.write(json.dumps(values, indent=2) + "\n")
 
 
 def _checkpoint_shapes(step_directory) -> dict:
     """The architecture fields the parameter shapes of one of our checkpoints determine (read from its metadata)."""
     from bert_jax import checkpoint as checkpoint_lib  # pylint: disable=import-outside-toplevel
     params = checkpoint_lib.state_metadata(str(step_directory))["train_state"]["params"]
+    if "embeddings_norm" in params:  # bert_jax.modern's parameter tree
+        raise ValueError(f"--config.init={step_directory}: a checkpoint of the modern encoder (arch=modern), which "
+                         "--config.init cannot take yet; it takes BERT checkpoints and exports")
     embeddings = params["embeddings"]
     vocab_size, hidden_size = embeddings["word_embeddings"]["embedding"].shape
     if model_lib.SCANNED_LAYERS in params:  # stacked: a leading layer axis

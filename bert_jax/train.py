@@ -405,7 +405,7 @@ def pretraining_model(model_config) -> nn.Module:
 
 
 def pretraining_setup(config, devices=None, num_steps: int | None = None) -> Setup:
-    """The Setup of a pretraining config: BertForPreTraining of config.model, config.mesh over `devices` (default:
+    """The Setup of a pretraining config: pretraining_model of config.model, config.mesh over `devices` (default:
     all), config.optim's optimizer and schedule over `num_steps` (default train.num_steps), the state for
     config.data's shapes. The pretraining job, bert_jax.aot and the benchmarks build from it."""
     model = pretraining_model(config.model)

@@ -63,39 +63,18 @@ class BertConfig:
     @classmethod
     def from_config(cls, model_config) -> "BertConfig":
         """Builds a BertConfig from the `config.model` ConfigDict (or any mapping)."""
-        values = model_config.to_dict() if hasattr(model_config, "to_dict") else dict(model_config)
-        unknown = set(values) - {field.name for field in dataclasses.fields(cls)}
-        if unknown:
-            raise ValueError(f"unknown fields {sorted(unknown)}")
-        return cls(**values).validate()
+        return cls(**config_fields(cls, model_config)).validate()
 
     def validate(self) -> "BertConfig":
         """Raises ValueError("FIELD=VALUE: problem") for the first bad field (bert_jax.job_config names the flag)."""
         def fail(field, problem):
             raise ValueError(f"{field}={getattr(self, field)!r}: {problem}")
 
-        for field in ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
-                      "max_position_embeddings", "type_vocab_size"):
-            if getattr(self, field) <= 0:
-                fail(field, "must be a positive integer")
-        if self.hidden_size % self.num_heads:
-            fail("num_heads", f"must divide hidden_size={self.hidden_size}")
+        check_sizes(self, ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
+                           "max_position_embeddings", "type_vocab_size"), fail)
         if self.hidden_act not in HIDDEN_ACTIVATIONS:
             fail("hidden_act", f"choose one of {HIDDEN_ACTIVATIONS}")
-        if self.dtype not in COMPUTE_DTYPES:
-            fail("dtype", f"choose one of {COMPUTE_DTYPES}")
-        for field in ("dropout_rate", "attention_dropout_rate"):
-            if not 0.0 <= getattr(self, field) < 1.0:
-                fail(field, "must be in [0, 1)")
-        if self.attention not in ATTENTION_IMPLEMENTATIONS:
-            fail("attention", f"choose one of {ATTENTION_IMPLEMENTATIONS}")
-        if self.attention in attention_lib.FUSED_IMPLEMENTATIONS and self.attention_dropout_rate > 0:
-            fail("attention", f"the fused kernels have no attention dropout, but attention_dropout_rate="
-                              f"{self.attention_dropout_rate}. Fix: set attention_dropout_rate=0.0 (fused kernels "
-                              "in training too), or attention=auto (fused kernels where dropout is off, the "
-                              "reference path with dropout in training)")
-        if self.remat not in REMAT_POLICIES:
-            fail("remat", f"choose one of {tuple(REMAT_POLICIES)}")
+        check_compute_choices(self, fail)
         if not isinstance(self.scan_layers, bool):
             fail("scan_layers", "must be True or False")
         return self
@@ -107,6 +86,45 @@ class BertConfig:
     @property
     def compute_dtype(self):
         return jnp.dtype(self.dtype)
+
+
+def config_fields(config_class, model_config, ignored=()) -> dict:
+    """`config.model` (a ConfigDict or mapping) as `config_class`'s keyword arguments, less the `ignored` keys; a
+    field the class does not have is an error."""
+    values = model_config.to_dict() if hasattr(model_config, "to_dict") else dict(model_config)
+    values = {key: value for key, value in values.items() if key not in ignored}
+    unknown = set(values) - {field.name for field in dataclasses.fields(config_class)}
+    if unknown:
+        raise ValueError(f"unknown fields {sorted(unknown)}")
+    return values
+
+
+def check_sizes(config, fields, fail) -> None:
+    """Every one of `fields` a positive integer, and num_heads dividing hidden_size; `fail(field, problem)` raises."""
+    for field in fields:
+        if getattr(config, field) <= 0:
+            fail(field, "must be a positive integer")
+    if config.hidden_size % config.num_heads:
+        fail("num_heads", f"must divide hidden_size={config.hidden_size}")
+
+
+def check_compute_choices(config, fail) -> None:
+    """The fields every architecture shares beside its sizes: dtype, dropout rates, attention back-end (and whether
+    it has dropout) and remat policy; `fail(field, problem)` raises."""
+    if config.dtype not in COMPUTE_DTYPES:
+        fail("dtype", f"choose one of {COMPUTE_DTYPES}")
+    for field in ("dropout_rate", "attention_dropout_rate"):
+        if not 0.0 <= getattr(config, field) < 1.0:
+            fail(field, "must be in [0, 1)")
+    if config.attention not in ATTENTION_IMPLEMENTATIONS:
+        fail("attention", f"choose one of {ATTENTION_IMPLEMENTATIONS}")
+    if config.attention in attention_lib.FUSED_IMPLEMENTATIONS and config.attention_dropout_rate > 0:
+        fail("attention", f"the fused kernels have no attention dropout, but attention_dropout_rate="
+                          f"{config.attention_dropout_rate}. Fix: set attention_dropout_rate=0.0 (fused kernels "
+                          "in training too), or attention=auto (fused kernels where dropout is off, the "
+                          "reference path with dropout in training)")
+    if config.remat not in REMAT_POLICIES:
+        fail("remat", f"choose one of {tuple(REMAT_POLICIES)}")
 
 
 def _kernel_init(config: BertConfig, names):

@@ -20,7 +20,8 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from bert_jax import attention as attention_lib
-from bert_jax.model import COMPUTE_DTYPES, HEADS, HIDDEN, REMAT_POLICIES, gather_rows, gelu
+from bert_jax.model import (HEADS, HIDDEN, REMAT_POLICIES, check_compute_choices, check_sizes, config_fields,
+                            gather_rows, gelu)
 
 ARCHITECTURE = "modern"
 
@@ -52,24 +53,15 @@ class ModernConfig:
     @classmethod
     def from_config(cls, model_config) -> "ModernConfig":
         """From `config.model` (a ConfigDict with arch="modern", or any mapping)."""
-        values = model_config.to_dict() if hasattr(model_config, "to_dict") else dict(model_config)
-        values.pop("arch", None)
-        unknown = set(values) - {field.name for field in dataclasses.fields(cls)}
-        if unknown:
-            raise ValueError(f"unknown fields {sorted(unknown)} for arch={ARCHITECTURE!r}")
-        return cls(**values).validate()
+        return cls(**config_fields(cls, model_config, ignored=("arch",))).validate()
 
     def validate(self) -> "ModernConfig":
         """Raises ValueError("FIELD=VALUE: problem") for the first bad field."""
         def fail(field, problem):
             raise ValueError(f"{field}={getattr(self, field)!r}: {problem}")
 
-        for field in ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
-                      "max_position_embeddings", "local_attention", "global_attn_every_n_layers"):
-            if getattr(self, field) <= 0:
-                fail(field, "must be a positive integer")
-        if self.hidden_size % self.num_heads:
-            fail("num_heads", f"must divide hidden_size={self.hidden_size}")
+        check_sizes(self, ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
+                           "max_position_embeddings", "local_attention", "global_attn_every_n_layers"), fail)
         if (self.hidden_size // self.num_heads) % 2:
             fail("num_heads", f"rotary embeddings need an even head dim, not {self.hidden_size // self.num_heads}")
         if self.local_attention % 2:
@@ -77,15 +69,7 @@ class ModernConfig:
         for field in ("global_rope_theta", "local_rope_theta", "norm_eps"):
             if getattr(self, field) <= 0:
                 fail(field, "must be positive")
-        for field in ("dropout_rate", "attention_dropout_rate"):
-            if not 0.0 <= getattr(self, field) < 1.0:
-                fail(field, "must be in [0, 1)")
-        if self.dtype not in COMPUTE_DTYPES:
-            fail("dtype", f"choose one of {COMPUTE_DTYPES}")
-        if self.attention not in attention_lib.ATTENTION_IMPLEMENTATIONS:
-            fail("attention", f"choose one of {attention_lib.ATTENTION_IMPLEMENTATIONS}")
-        if self.remat not in REMAT_POLICIES:
-            fail("remat", f"choose one of {tuple(REMAT_POLICIES)}")
+        check_compute_choices(self, fail)
         if self.scan_layers is not False:
             fail("scan_layers", f"arch={ARCHITECTURE!r} unrolls its layers (they differ in window and rotary base)")
         return self

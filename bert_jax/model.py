@@ -39,8 +39,20 @@ TOKEN_ENCODERS = ("tuned", "frozen_last4")
 SCANNED_LAYERS = "layers"  # parameter name (and logical axis name of the leading axis) of scanned layers
 
 
+class EncoderShape:
+    """What every architecture's config derives from its fields (hidden_size, num_heads, dtype)."""
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def compute_dtype(self):
+        return jnp.dtype(self.dtype)
+
+
 @dataclasses.dataclass(frozen=True)
-class BertConfig:
+class BertConfig(EncoderShape):
     """Architecture hyper-parameters; the field names match `config.model` in configs/pretrain.py."""
 
     vocab_size: int = 30522
@@ -79,13 +91,6 @@ class BertConfig:
             fail("scan_layers", "must be True or False")
         return self
 
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
-
-    @property
-    def compute_dtype(self):
-        return jnp.dtype(self.dtype)
 
 
 def config_fields(config_class, model_config, ignored=()) -> dict:

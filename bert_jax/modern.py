@@ -20,14 +20,14 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from bert_jax import attention as attention_lib
-from bert_jax.model import (HEADS, HIDDEN, REMAT_POLICIES, check_compute_choices, check_sizes, config_fields,
-                            gather_rows, gelu)
+from bert_jax.model import (HEADS, HIDDEN, REMAT_POLICIES, EncoderShape, check_compute_choices, check_sizes,
+                            config_fields, gather_rows, gelu)
 
 ARCHITECTURE = "modern"
 
 
 @dataclasses.dataclass(frozen=True)
-class ModernConfig:
+class ModernConfig(EncoderShape):
     """Architecture hyper-parameters (ModernBERT-base's by default); transformers' ModernBertConfig names in the
     comments where they differ."""
 
@@ -73,14 +73,6 @@ class ModernConfig:
         if self.scan_layers is not False:
             fail("scan_layers", f"arch={ARCHITECTURE!r} unrolls its layers (they differ in window and rotary base)")
         return self
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
-
-    @property
-    def compute_dtype(self):
-        return jnp.dtype(self.dtype)
 
     def is_global(self, layer: int) -> bool:
         return layer % self.global_attn_every_n_layers == 0

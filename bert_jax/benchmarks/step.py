@@ -31,7 +31,7 @@ import numpy as np
 
 from bert_jax import attention as attention_lib
 from bert_jax import metrics as metrics_lib
-from bert_jax import model as model_lib
+from bert_jax import modern
 from bert_jax import presets
 from bert_jax import runtime
 from bert_jax import sharding as sharding_lib
@@ -428,7 +428,7 @@ def _print_setup(print_fn, devices, dropout_rng: str, cores: int, threads: int, 
 
 
 def _is_modern(results) -> bool:
-    return not isinstance(results[0]["model_config"], model_lib.BertConfig)
+    return isinstance(results[0].get("model_config"), modern.ModernConfig)
 
 
 def _print_ceiling(print_fn, results, dtype_name: str, matmul_size: int, parallel: int, before: float, after: float,

@@ -79,9 +79,9 @@ def at_queries(mask, query_positions):
     return SegmentMask(mask.ids, query_ids)
 
 
-def boolean_mask(mask, window: int | None = None, length: int | None = None):
-    """[batch, 1, query or 1, key] booleans from a padding mask or a SegmentMask; with `window` (queries and keys
-    both the `length` rows), also [1, 1, query, key] |query - key| <= window (a sliding window of 2 * window + 1)."""
+def boolean_mask(mask, window: int | None = None):
+    """[batch, 1, query or 1, key] booleans from a padding mask or a SegmentMask; with `window` (every row a query),
+    also [1, 1, query, key] |query - key| <= window (a sliding window of 2 * window + 1)."""
     if isinstance(mask, SegmentMask):
         query_ids = mask.ids if mask.query_ids is None else mask.query_ids
         allowed = (query_ids[:, :, None] == mask.ids[:, None, :])[:, None]
@@ -89,7 +89,7 @@ def boolean_mask(mask, window: int | None = None, length: int | None = None):
         allowed = mask.astype(bool)[:, None, None, :]
     if window is None:
         return allowed
-    rows = np.arange(length)
+    rows = np.arange(allowed.shape[-1])
     return allowed & (np.abs(rows[:, None] - rows[None, :]) <= window)[None, None]
 
 
@@ -150,16 +150,15 @@ def attention_implementation(requested: str, query, key, mask, training: bool, d
 
 def reference_attention(query, key, value, mask, dropout=None, window: int | None = None):
     """softmax(q k^T / sqrt(d)) v, with `dropout` (a function, or None) applied to the probabilities; `window`: each
-    query attends to the keys at most `window` rows away only (local attention).
+    query attends to the keys at most `window` rows away only (local attention; dot_product_attention checks it).
 
     The scores and the softmax stay float32 whatever the compute dtype; masked keys get exactly zero probability.
     """
-    _check_window(query, key, mask, window)
     # Heads-first operands: XLA:CPU ran this batched layout's forward and backward about a quarter faster.
     query, key, value = (jnp.einsum("bthd->bhtd", x) for x in (query, key, value))
     scores = jnp.einsum("bhqd,bhkd->bhqk", query, key, preferred_element_type=jnp.float32)
     scores = scores / np.sqrt(query.shape[-1]).astype(np.float32)
-    scores = jnp.where(boolean_mask(mask, window, key.shape[2]), scores, jnp.finfo(jnp.float32).min)
+    scores = jnp.where(boolean_mask(mask, window), scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(value.dtype)
     if dropout is not None:
         probs = dropout(probs)
@@ -240,5 +239,5 @@ def dot_product_attention(implementation: str, query, key, value, mask, dropout=
         context = _cudnn_attention(query, key, value, mask, window)
         if context is not None:
             return context
-    return jax.nn.dot_product_attention(query, key, value, mask=boolean_mask(mask, window, key.shape[1]),
+    return jax.nn.dot_product_attention(query, key, value, mask=boolean_mask(mask, window),
                                         implementation="xla")

@@ -92,9 +92,7 @@ def model_config(model):
     """BertConfig (or, for arch="modern", bert_jax.modern.ModernConfig) of `config.model`, its errors naming the
     --config.model flag."""
     try:
-        if modern.is_modern(model):
-            return modern.ModernConfig.from_config(model)
-        return model_lib.BertConfig.from_config(model)
+        return modern.architecture_config(model)
     except ValueError as error:
         message = str(error)
         raise ValueError(f"--config.model.{message}" if re.match(r"\w+=", message) else

@@ -13,6 +13,7 @@ import numpy as np
 
 from bert_jax import fileio
 from bert_jax import model as model_lib
+from bert_jax import modern as modern_lib
 from bert_jax.data import tfrecord
 
 # Dense bf16 peak FLOP/s per chip, for the MFU estimate; matched against jax.Device.device_kind.
@@ -37,7 +38,7 @@ def model_flops_per_sequence(config: model_lib.BertConfig, seq_length: int, max_
     head (transform and tied decoder) at the masked positions only, since that is all the model computes.
     """
     h, layers = config.hidden_size, config.num_layers
-    modern = not isinstance(config, model_lib.BertConfig)  # bert_jax.modern: a GeGLU (3 matmuls), no NSP head
+    modern = isinstance(config, modern_lib.ModernConfig)  # a GeGLU (3 matmuls), no NSP head
     encoder_matmul_params = layers * (4 * h * h + (3 if modern else 2) * h * config.intermediate_size)
     # Local layers counted in full: the reference path computes every score and masks; kernels that skip the
     # blocks outside the window do less.
@@ -62,7 +63,7 @@ def step_matmul_flops_per_sequence(config: model_lib.BertConfig, seq_length: int
     seq_length keys, forward and backward. Scanned layers compute every row of every layer: model_flops_per_sequence.
     """
     flops = model_flops_per_sequence(config, seq_length, max_predictions)
-    if config.scan_layers or not isinstance(config, model_lib.BertConfig):  # bert_jax.modern: every row, every layer
+    if config.scan_layers or isinstance(config, modern_lib.ModernConfig):  # every row of every layer
         return flops
     h = config.hidden_size
     skipped_rows = max(seq_length - cls_rows - max_predictions, 0)

@@ -177,6 +177,14 @@ def gather_rows(x, positions):
     return jnp.take_along_axis(x, index, axis=1)
 
 
+def lookup(embed: nn.Embed, ids, table_names=(None, None)):
+    """nn.Embed's lookup, from a table gathered over `embed` first (the word table stays split over `vocab`):
+    XLA's SPMD partitioner crashes on a gather from a table split over its columns inside the per-slice shard_map
+    of train.across_slices (Check failed in ExpandDeviceGroupsWithIota, jaxlib 0.10.2)."""
+    table = nn.with_logical_constraint(embed.embedding.astype(embed.dtype), table_names)
+    return nn.with_logical_constraint(jnp.take(table, ids, axis=0), HIDDEN)
+
+
 class BertEmbeddings(nn.Module):
     """Word + segment + learned position embeddings, then LayerNorm and dropout."""
 
@@ -196,18 +204,12 @@ class BertEmbeddings(nn.Module):
         self.dropout = nn.Dropout(config.dropout_rate)
 
     def __call__(self, input_ids, segment_ids, position_ids, deterministic: bool):
-        x = (self._lookup(self.word_embeddings, input_ids, ("vocab", None))
-             + self._lookup(self.position_embeddings, position_ids)
-             + self._lookup(self.token_type_embeddings, segment_ids))
+        x = (lookup(self.word_embeddings, input_ids, ("vocab", None))
+             + lookup(self.position_embeddings, position_ids)
+             + lookup(self.token_type_embeddings, segment_ids))
         x = self.dropout(self.layer_norm(x), deterministic=deterministic)
         return nn.with_logical_constraint(x, HIDDEN)
 
-    def _lookup(self, embed: nn.Embed, ids, table_names=(None, None)):
-        """nn.Embed's lookup, from a table gathered over `embed` first (the word table stays split over `vocab`):
-        XLA's SPMD partitioner crashes on a gather from a table split over its columns inside the per-slice
-        shard_map of train.across_slices (Check failed in ExpandDeviceGroupsWithIota, jaxlib 0.10.2)."""
-        table = nn.with_logical_constraint(embed.embedding.astype(embed.dtype), table_names)
-        return nn.with_logical_constraint(jnp.take(table, ids, axis=0), HIDDEN)
 
     def attend(self, hidden):
         """Logits over the vocabulary with the word-embedding matrix as the (tied) decoder."""

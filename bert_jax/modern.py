@@ -20,8 +20,8 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from bert_jax import attention as attention_lib
-from bert_jax.model import (HEADS, HIDDEN, REMAT_POLICIES, EncoderShape, check_compute_choices, check_sizes,
-                            config_fields, gather_rows, gelu)
+from bert_jax.model import (HEADS, HIDDEN, REMAT_POLICIES, BertConfig, EncoderShape, check_compute_choices,
+                            check_sizes, config_fields, gather_rows, gelu, lookup)
 
 ARCHITECTURE = "modern"
 
@@ -97,28 +97,35 @@ def _layer_norm(config: ModernConfig, name: str) -> nn.LayerNorm:
                         scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("norm",)), name=name)
 
 
-def rotary(x, position_ids, theta: float):
-    """Rotary position embedding of x ([batch, length, heads, head_dim]) at `position_ids` ([batch, length]): each
-    pair (i, i + head_dim / 2) rotated by position * theta^(-2i / head_dim), in float32 (as transformers)."""
-    half = x.shape[-1] // 2
-    inverse_frequencies = 1.0 / (theta ** (jnp.arange(0, half, dtype=jnp.float32) * 2 / x.shape[-1]))
+def rotation(position_ids, theta: float, head_dim: int):
+    """(cos, sin) of the rotary embedding at `position_ids` ([batch, length]), [batch, length, 1, head_dim] float32:
+    pair (i, i + head_dim / 2) turns by position * theta^(-2i / head_dim). Made once per rotary base for all the
+    layers that use it, as transformers does."""
+    half = head_dim // 2
+    inverse_frequencies = 1.0 / (theta ** (jnp.arange(0, half, dtype=jnp.float32) * 2 / head_dim))
     angles = position_ids.astype(jnp.float32)[..., None] * inverse_frequencies  # [batch, length, half]
     angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]
-    cos, sin = jnp.cos(angles), jnp.sin(angles)
+    return jnp.cos(angles), jnp.sin(angles)
+
+
+def rotary(x, cos_sin):
+    """x ([batch, length, heads, head_dim]) rotated by `cos_sin` (rotation's), in float32 (as transformers)."""
+    cos, sin = cos_sin
+    half = x.shape[-1] // 2
     x32 = x.astype(jnp.float32)
     rotated = jnp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
     return (x32 * cos + rotated * sin).astype(x.dtype)
 
 
 class ModernAttention(nn.Module):
-    """Self-attention with rotary queries and keys, global or local (`window` rows each side), no biases."""
+    """Self-attention with rotary queries and keys (`cos_sin`: rotation's), global or local (`window` rows each side),
+    no biases."""
 
     config: ModernConfig
     window: int | None
-    theta: float
 
     @nn.compact
-    def __call__(self, x, attention_mask, position_ids, deterministic: bool):
+    def __call__(self, x, attention_mask, cos_sin, deterministic: bool):
         config = self.config
 
         def split_heads(name):  # [batch, length, hidden] -> [batch, length, heads, head_dim]
@@ -126,8 +133,7 @@ class ModernAttention(nn.Module):
             projected = projected.reshape(*x.shape[:2], config.num_heads, config.head_dim)
             return nn.with_logical_constraint(projected, HEADS)
 
-        query = rotary(split_heads("query"), position_ids, self.theta)
-        key = rotary(split_heads("key"), position_ids, self.theta)
+        query, key = rotary(split_heads("query"), cos_sin), rotary(split_heads("key"), cos_sin)
         value = split_heads("value")
         implementation = attention_lib.attention_implementation(
             config.attention, query, key, attention_mask, training=not deterministic,
@@ -143,18 +149,17 @@ class ModernAttention(nn.Module):
 
 class ModernLayer(nn.Module):
     """Pre-LN: x + attention(norm(x)), then x + GeGLU(norm(x)). Layer 0 has no attention norm (the embeddings were
-    just normalised), as in ModernBERT."""
+    just normalised), as in ModernBERT. `cos_sin`: the rotation of this layer's rotary base."""
 
     config: ModernConfig
     index: int
 
     @nn.compact
-    def __call__(self, x, attention_mask, position_ids, deterministic: bool):
+    def __call__(self, x, attention_mask, cos_sin, deterministic: bool):
         config = self.config
-        theta = config.global_rope_theta if config.is_global(self.index) else config.local_rope_theta
         normed = x if self.index == 0 else _layer_norm(config, "attention_norm")(x)
-        x = x + ModernAttention(config, config.window(self.index), theta, name="attention")(
-            normed, attention_mask, position_ids, deterministic)
+        x = x + ModernAttention(config, config.window(self.index), name="attention")(
+            normed, attention_mask, cos_sin, deterministic)
         x = nn.with_logical_constraint(x, HIDDEN)
         normed = _layer_norm(config, "mlp_norm")(x)
         # GeGLU: gelu(input) * gate, two kernels so that tensor parallelism splits both the same way over "mlp".
@@ -181,14 +186,16 @@ def encode(config: ModernConfig, input_ids, input_mask, deterministic: bool, pos
         attention_mask = input_mask.astype(bool)
     embeddings = nn.Embed(config.vocab_size, config.hidden_size, dtype=config.compute_dtype, param_dtype=jnp.float32,
                           embedding_init=_kernel_init(config, ("vocab", "embed")), name="embeddings")
-    table = nn.with_logical_constraint(embeddings.embedding.astype(config.compute_dtype), ("vocab", None))
-    x = nn.with_logical_constraint(jnp.take(table, input_ids, axis=0), HIDDEN)
+    x = lookup(embeddings, input_ids, ("vocab", None))
     x = nn.Dropout(config.dropout_rate)(_layer_norm(config, "embeddings_norm")(x), deterministic=deterministic)
     layer_class = ModernLayer
     if config.remat != "none":
         layer_class = nn.remat(ModernLayer, policy=REMAT_POLICIES[config.remat], static_argnums=(4,))
+    rotations = {theta: rotation(position_ids, theta, config.head_dim)
+                 for theta in {config.global_rope_theta, config.local_rope_theta}}
     for index in range(config.num_layers):
-        x = layer_class(config, index, name=f"layer_{index}")(x, attention_mask, position_ids, deterministic)
+        theta = config.global_rope_theta if config.is_global(index) else config.local_rope_theta
+        x = layer_class(config, index, name=f"layer_{index}")(x, attention_mask, rotations[theta], deterministic)
     return _layer_norm(config, "final_norm")(x), embeddings
 
 
@@ -227,11 +234,13 @@ def is_modern(model_config) -> bool:
     return arch == ARCHITECTURE
 
 
+def architecture_config(model_config):
+    """The architecture's config of `config.model`: ModernConfig for arch="modern", else bert_jax.model.BertConfig
+    (ValueError "FIELD=VALUE: problem" for a bad field)."""
+    if is_modern(model_config):
+        return ModernConfig.from_config(model_config)
+    return BertConfig.from_config(model_config)
+
+
 def modern_config(**fields) -> ModernConfig:
     return ModernConfig(**fields).validate()
-
-
-def init_params(config: ModernConfig, rng, length: int = 8):
-    """Unboxed float32 parameters of ModernForMaskedLM(config) (tests, conversions)."""
-    ids = jnp.zeros((1, length), jnp.int32)
-    return nn.meta.unbox(ModernForMaskedLM(config).init(rng, ids, ids)["params"])

@@ -230,15 +230,14 @@ def export_checkpoint(config, workdir: str, checkpoint: str = "", export_format:
     tokenizer = tokenization.load_tokenizer(config.data.vocab_file) if config.data.vocab_file else None
     checkpoint = checkpoint or fileio.join(workdir, checkpoint_lib.CHECKPOINT_SUBDIR)
     output = output or fileio.join(fileio.join(workdir, "export"), export_format)
-    if modern.is_modern(config.model):  # transformers' ModernBERT
+    model_config = modern.architecture_config(config.model)
+    if isinstance(model_config, modern.ModernConfig):  # transformers' ModernBERT
         from bert_jax.interop import modern as modern_interop  # pylint: disable=import-outside-toplevel
         if export_format != "hf":
             raise ValueError(f"--export_format={export_format}: --config.model.arch='modern' exports transformers' "
                              "ModernBERT files only; use --export_format=hf")
-        model_config = modern.ModernConfig.from_config(config.model)
         params = export.restore_model_params(checkpoint, modern.ModernForMaskedLM(model_config),
                                              *layout.dummy_inputs())
         return modern_interop.export_hf(params, model_config, output, tokenizer=tokenizer)
-    model_config = model_lib.BertConfig.from_config(config.model)
     return export.export_checkpoint(checkpoint, model_config, output, tokenizer=tokenizer,
                                     export_format=export_format)

@@ -399,9 +399,10 @@ class Setup:
 
 def pretraining_model(model_config) -> nn.Module:
     """The pretraining model of `config.model`: BertForPreTraining, or ModernForMaskedLM for arch="modern"."""
-    if modern.is_modern(model_config):
-        return modern.ModernForMaskedLM(modern.ModernConfig.from_config(model_config))
-    return model_lib.BertForPreTraining(model_lib.BertConfig.from_config(model_config))
+    config = modern.architecture_config(model_config)
+    if isinstance(config, modern.ModernConfig):
+        return modern.ModernForMaskedLM(config)
+    return model_lib.BertForPreTraining(config)
 
 
 def pretraining_setup(config, devices=None, num_steps: int | None = None) -> Setup:

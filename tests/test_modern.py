@@ -3,6 +3,7 @@ transformers' ModernBertForMaskedLM from the same weights."""
 
 import os
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -109,7 +110,8 @@ def test_mlm_logits_equal_transformers_with_padding_and_sequences_longer_than_th
 def test_our_parameters_have_transformers_shapes_and_unsupported_configs_are_named():
     config = modern.modern_config(vocab_size=300, hidden_size=64, num_layers=4, num_heads=4, intermediate_size=96,
                                   local_attention=8)
-    params = modern.init_params(config, jax.random.key(0))
+    ids = jnp.zeros((1, 8), jnp.int32)
+    params = nn.meta.unbox(modern.ModernForMaskedLM(config).init(jax.random.key(0), ids, ids)["params"])
     tensors = interop.params_to_transformers(params, config)
     assert tensors["model.layers.1.attn.Wqkv.weight"].shape == (192, 64)
     assert tensors["model.layers.1.mlp.Wi.weight"].shape == (192, 64)

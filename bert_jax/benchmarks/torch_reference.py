@@ -14,6 +14,7 @@ import time
 import numpy as np
 
 from bert_jax import model as model_lib
+from bert_jax import modern as modern_lib
 
 
 def unavailable_reason() -> str:
@@ -67,7 +68,7 @@ def benchmark_step(model_config: model_lib.BertConfig, batch: dict[str, np.ndarr
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     try:
-        modern = not isinstance(model_config, model_lib.BertConfig)  # bert_jax.modern: ModernBertForMaskedLM
+        modern = isinstance(model_config, modern_lib.ModernConfig)  # ModernBertForMaskedLM
         if modern and task != "pretraining":
             raise ValueError(f"task={task!r}: the modern encoder is compared in pretraining only")
         model_class = getattr(transformers, "ModernBertForMaskedLM" if modern else TASK_MODELS[task])
@@ -103,7 +104,7 @@ def _hf_config(model_config):
     """transformers.BertConfig of our architecture (ModernBertConfig for bert_jax.modern's)."""
     import transformers
 
-    if not isinstance(model_config, model_lib.BertConfig):
+    if isinstance(model_config, modern_lib.ModernConfig):
         from bert_jax.interop import modern as modern_interop  # pylint: disable=import-outside-toplevel
         return transformers.ModernBertConfig(**modern_interop.transformers_config(model_config),
                                              pad_token_id=0, cls_token_id=101, sep_token_id=102, bos_token_id=101,
@@ -172,18 +173,19 @@ def _train_step(model, optimizer, batch: dict[str, np.ndarray], gathered_head: b
     labels = torch.full_like(input_ids, -100)
     labels.scatter_(1, positions, torch.where(weights > 0, masked_lm_ids, -100))
 
+    def masked(sequence_output):  # the masked rows of the encoder's output
+        return torch.gather(sequence_output, 1, positions[..., None].expand(-1, -1, sequence_output.shape[-1]))
+
+    def mlm_loss(mlm_logits):  # weighted as bert_jax's: sum(weights * xent) / (sum(weights) + 1e-5)
+        xent = torch.nn.functional.cross_entropy(mlm_logits.float().flatten(0, 1), masked_lm_ids.flatten(),
+                                                 reduction="none")
+        return torch.sum(weights.flatten() * xent) / (weights.sum() + 1e-5)
+
     def modern_loss_fn():  # masked LM only, as bert_jax.modern; gathered: the head on the masked rows only
         if not gathered_head:
             return model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
         sequence_output = model.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        index = positions[..., None].expand(-1, -1, sequence_output.shape[-1])
-        logits = model.decoder(model.head(torch.gather(sequence_output, 1, index)))
-        xent = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), masked_lm_ids.flatten(),
-                                                 reduction="none")
-        return torch.sum(weights.flatten() * xent) / (weights.sum() + 1e-5)
-
-    if type(model).__name__ == "ModernBertForMaskedLM":
-        return _optimizer_step(model, optimizer, modern_loss_fn, autocast)
+        return mlm_loss(model.decoder(model.head(masked(sequence_output))))
 
     def loss_fn():
         if not gathered_head:
@@ -191,14 +193,11 @@ def _train_step(model, optimizer, batch: dict[str, np.ndarray], gathered_head: b
                          labels=labels, next_sentence_label=nsp_labels).loss
         sequence_output, pooled_output = model.bert(input_ids=input_ids, attention_mask=attention_mask,
                                                     token_type_ids=token_type_ids, return_dict=False)[:2]
-        index = positions[..., None].expand(-1, -1, sequence_output.shape[-1])
-        mlm_logits, nsp_logits = model.cls(torch.gather(sequence_output, 1, index), pooled_output)
-        xent = torch.nn.functional.cross_entropy(mlm_logits.float().flatten(0, 1), masked_lm_ids.flatten(),
-                                                 reduction="none")
-        mlm_loss = torch.sum(weights.flatten() * xent) / (weights.sum() + 1e-5)
-        return mlm_loss + torch.nn.functional.cross_entropy(nsp_logits.float(), nsp_labels)
+        mlm_logits, nsp_logits = model.cls(masked(sequence_output), pooled_output)
+        return mlm_loss(mlm_logits) + torch.nn.functional.cross_entropy(nsp_logits.float(), nsp_labels)
 
-    return _optimizer_step(model, optimizer, loss_fn, autocast)
+    modern = type(model).__name__ == "ModernBertForMaskedLM"
+    return _optimizer_step(model, optimizer, modern_loss_fn if modern else loss_fn, autocast)
 
 
 def _optimizer_step(model, optimizer, loss_fn, autocast):

@@ -44,6 +44,7 @@ from bert_jax import divergence
 from bert_jax.data import finetune_data
 from bert_jax import fileio
 from bert_jax import model as model_lib
+from bert_jax import modern
 from bert_jax import optim
 from bert_jax.interop import init_architecture
 from bert_jax.interop import pretrained
@@ -65,7 +66,7 @@ TASK_FILE = "task.json"  # beside labels.json: {"task": one of tasks.NAMES, "enc
 @dataclasses.dataclass
 class ModelSource:
     """The architecture to build and, for a foreign checkpoint, its parameters on the host."""
-    model_config: model_lib.BertConfig
+    model_config: model_lib.BertConfig  # or bert_jax.modern.ModernConfig
     host_params: Any = None
     description: str = "scratch"
 
@@ -73,7 +74,7 @@ class ModelSource:
 def model_source(config) -> ModelSource:
     """The model to build, config.model (which bert_jax.job_config.prepare gave --config.init's architecture), and,
     for a HuggingFace / original-TF / Flax-export init, its parameters on the host."""
-    model_config = model_lib.BertConfig.from_config(config.model)
+    model_config = modern.architecture_config(config.model)
     if not config.init or checkpoint_lib.is_checkpoint(config.init):
         return ModelSource(model_config, None, config.init or "scratch")
     _, params, report = pretrained.load_pretrained(config.init)
@@ -97,7 +98,9 @@ def _read_init(config, source: ModelSource, setup: Setup) -> dict:
     if not config.init:
         return {}
     abstract, shardings = setup.abstract.params, setup.shardings.params
-    names = [name for name in abstract if model_lib.is_encoder_parameter(name)]
+    pretrained_parameter = (modern.is_pretrained_parameter if isinstance(source.model_config, modern.ModernConfig)
+                            else model_lib.is_encoder_parameter)
+    names = [name for name in abstract if pretrained_parameter(name)]
     if source.host_params is None:
         names = _check_checkpoint_fits(config.init, {name: abstract[name] for name in names})
         loaded, where = checkpoint_lib.restore_params(config.init, {name: abstract[name] for name in names},
@@ -284,7 +287,7 @@ def _write_model_files(output_dir: str, task: tasks.Task, encoder: str, model_co
         fileio.makedirs(output_dir)
         fileio.write_json(fileio.join(output_dir, TASK_FILE), {"task": task.name, "encoder": encoder})
         fileio.write_json(fileio.join(output_dir, LABELS_FILE), task.names)
-        fileio.write_json(fileio.join(output_dir, init_architecture.RUN_MODEL_CONFIG), dataclasses.asdict(model_config))
+        init_architecture.write_run_model_config(output_dir, model_config)
         tokenizer.save(output_dir)
 
 
@@ -441,8 +444,8 @@ def export_finetuned(workdir: str, checkpoint: str = "", export_format: str = "h
     directory (default WORKDIR/export/hf) that AutoModelForSequenceClassification, AutoModelForTokenClassification or
     AutoModelForQuestionAnswering loads, with its labels and tokenizer."""
     from bert_jax.interop import export  # pylint: disable=import-outside-toplevel
-    from bert_jax.interop import flax_files  # pylint: disable=import-outside-toplevel
     from bert_jax.interop import huggingface  # pylint: disable=import-outside-toplevel
+    from bert_jax.interop import modern as interop_modern  # pylint: disable=import-outside-toplevel
     if export_format != "hf":
         raise ValueError(f"--export_format={export_format}: a fine-tuned classifier exports to 'hf' only (its "
                          "directory is already bert_jax's own format, which --config.init reads)")
@@ -454,7 +457,7 @@ def export_finetuned(workdir: str, checkpoint: str = "", export_format: str = "h
                                 "--mode=export takes a fine-tuned directory (WORKDIR/finetuned)")
     with fileio.open_file(labels_path) as file:
         names = json.load(file)
-    model_config = flax_files.config_from_ours(fileio.join(checkpoint, init_architecture.RUN_MODEL_CONFIG))
+    model_config = init_architecture.recorded_config(fileio.join(checkpoint, init_architecture.RUN_MODEL_CONFIG))
     name, encoder = _saved_head(checkpoint)
     if encoder != "tuned":
         raise ValueError(f"--checkpoint={checkpoint}: its {TASK_FILE} says train.encoder={encoder}, a head on the "
@@ -463,6 +466,10 @@ def export_finetuned(workdir: str, checkpoint: str = "", export_format: str = "h
                          "or fine-tune with --config.train.encoder=tuned to export")
     ids = np.zeros((1, 8), np.int32)
     params = export.restore_model_params(checkpoint, tasks.head_model(name, model_config, len(names)), ids, ids, ids)
-    huggingface.export_hf_classifier(params, model_config, output, names, tokenization.load_tokenizer(checkpoint))
+    tokenizer = tokenization.load_tokenizer(checkpoint)
+    if isinstance(model_config, modern.ModernConfig):
+        interop_modern.export_hf_task(params, model_config, output, name, names, tokenizer)
+    else:
+        huggingface.export_hf_classifier(params, model_config, output, names, tokenizer)
     logging.info("%s model exported for transformers", tasks.task_class(name).description)
     return output

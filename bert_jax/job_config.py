@@ -118,9 +118,6 @@ def _data_parallel(config, num_devices: int) -> tuple[int, tuple[str, ...], tupl
 def _validate_pretraining(config, num_devices: int, process_count: int, mode: str) -> None:
     """`mode`: "train" needs training data, "eval" held-out data only, "export" neither."""
     bert_config = model_config(config.model)
-    if modern.is_modern(config.model) and config.init:
-        raise ValueError("--config.init is not available for --config.model.arch='modern' yet: it pretrains from "
-                         "scratch (bert_jax.interop.modern reads transformers' ModernBERT weights)")
     optim.validate(config.optim, config.train.num_steps)
     data_parallel, batch_axes, mesh_shape = _data_parallel(config, num_devices)
     train = config.train
@@ -245,6 +242,12 @@ def _validate_downstream(config, num_devices: int, process_count: int, mode: str
         fail("data.vocab_file", "set it to the vocab.txt / .model / tokenizer directory the model was trained with")
     _validate_task(config, fail)
     _validate_token_encoder(config, bert_config, fail)
+    if isinstance(bert_config, modern.ModernConfig):
+        if mode != "finetune":
+            raise ValueError(f"--mode={mode} reads BERT models; --config.init={config.init} is a modern encoder "
+                             "(arch=modern), which --mode=finetune takes. Fix: a BERT checkpoint for --mode=features")
+        if config.train.encoder != "tuned":
+            fail("train.encoder", "a modern encoder (arch=modern) is fine-tuned whole. Fix: --config.train.encoder=tuned")
     if data.format == "conll":  # token classification: words and tags, no columns
         _validate_tagging(config, mode, fail)
         return

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 
 from bert_jax import attention as attention_lib
 from bert_jax.model import (HEADS, HIDDEN, REMAT_POLICIES, BertConfig, EncoderShape, check_compute_choices,
-                            check_sizes, config_fields, gather_rows, gelu, lookup)
+                            check_sizes, config_fields, gather_rows, gelu, is_unrolled_layer, lookup)
 
 ARCHITECTURE = "modern"
 
@@ -48,6 +48,7 @@ class ModernConfig(EncoderShape):
     dtype: str = "float32"
     attention: str = "auto"  # one of bert_jax.attention.ATTENTION_IMPLEMENTATIONS
     remat: str = "none"  # one of bert_jax.model.REMAT_POLICIES
+    classifier_pooling: str = "cls"  # a sequence classifier's input: the [CLS] row ("cls") or the rows' mean ("mean")
     scan_layers: bool = False  # not available: the layers differ (window, rotary base), so no one scan body
 
     @classmethod
@@ -70,6 +71,8 @@ class ModernConfig(EncoderShape):
             if getattr(self, field) <= 0:
                 fail(field, "must be positive")
         check_compute_choices(self, fail)
+        if self.classifier_pooling not in ("cls", "mean"):
+            fail("classifier_pooling", "choose 'cls' or 'mean'")
         if self.scan_layers is not False:
             fail("scan_layers", f"arch={ARCHITECTURE!r} unrolls its layers (they differ in window and rotary base)")
         return self
@@ -199,6 +202,14 @@ def encode(config: ModernConfig, input_ids, input_mask, deterministic: bool, pos
     return _layer_norm(config, "final_norm")(x), embeddings
 
 
+def prediction_head(config: ModernConfig, x):
+    """transformers' ModernBertPredictionHead: dense (no bias), GELU, LayerNorm, created as `mlm_transform` and
+    `mlm_layer_norm` in the calling compact module. The masked LM and every task model have it under these names, so
+    fine-tuning starts it from the pretrained one, as transformers' ModernBert*For* classes do."""
+    x = _dense(config, config.hidden_size, ("embed", None), "mlm_transform")(x)
+    return _layer_norm(config, "mlm_layer_norm")(gelu(x))
+
+
 class ModernForMaskedLM(nn.Module):
     """The encoder and the masked-LM head: dense (no bias), GELU, LayerNorm, then the decoder tied to the word
     embeddings plus `mlm_output_bias`, at `masked_lm_positions` ([batch, predictions]) or, without them, at every
@@ -216,13 +227,78 @@ class ModernForMaskedLM(nn.Module):
         config = self.config
         attention_mask = None if instance_ids is None else attention_lib.SegmentMask(instance_ids.astype(jnp.int32))
         x, embeddings = encode(config, input_ids, input_mask, deterministic, position_ids, attention_mask)
-        rows = x if masked_lm_positions is None else gather_rows(x, masked_lm_positions)
-        rows = _dense(config, config.hidden_size, ("embed", None), "mlm_transform")(rows)
-        rows = _layer_norm(config, "mlm_layer_norm")(gelu(rows))
+        rows = prediction_head(config, x if masked_lm_positions is None else gather_rows(x, masked_lm_positions))
         bias = self.param("mlm_output_bias", nn.with_logical_partitioning(nn.initializers.zeros_init(), ("vocab",)),
                           (config.vocab_size,), jnp.float32)
         logits = embeddings.attend(rows).astype(jnp.float32) + bias
         return {"mlm_logits": logits, "sequence_output": x} if sequence_output else {"mlm_logits": logits}
+
+
+def _classifier(config: ModernConfig, features: int, x, deterministic: bool):
+    """Dropout (dropout_rate), then a linear `classifier` with a bias, in float32: transformers' drop and classifier."""
+    x = nn.Dropout(config.dropout_rate)(x, deterministic=deterministic)
+    return _dense(config, features, ("embed", "classes"), "classifier", use_bias=True, dtype=jnp.float32)(x)
+
+
+class ModernForSequenceClassification(nn.Module):
+    """transformers' ModernBertForSequenceClassification: the [CLS] row (classifier_pooling="cls") or the mean of
+    the real rows ("mean"), the prediction head, dropout and `classifier`. Returns `logits` ([batch, num_classes],
+    float32) and `pooled_output` (the head's output). `segment_ids` is accepted and ignored."""
+
+    config: ModernConfig
+    num_classes: int
+
+    @nn.compact
+    def __call__(self, input_ids, input_mask, segment_ids=None, deterministic: bool = True) -> dict[str, Any]:
+        del segment_ids
+        config = self.config
+        x, _ = encode(config, input_ids, input_mask, deterministic)
+        if config.classifier_pooling == "mean":
+            weights = input_mask.astype(jnp.float32)[..., None]
+            pooled = ((x.astype(jnp.float32) * weights).sum(1) / weights.sum(1)).astype(x.dtype)
+        else:
+            pooled = x[:, 0]
+        pooled = prediction_head(config, pooled)
+        return {"logits": _classifier(config, self.num_classes, pooled, deterministic), "pooled_output": pooled}
+
+
+class ModernForTokenClassification(nn.Module):
+    """transformers' ModernBertForTokenClassification: the prediction head, dropout and `classifier` at every row.
+    Returns `logits` ([batch, length, num_labels], float32)."""
+
+    config: ModernConfig
+    num_labels: int
+
+    @nn.compact
+    def __call__(self, input_ids, input_mask, segment_ids=None, deterministic: bool = True) -> dict[str, Any]:
+        del segment_ids
+        x, _ = encode(self.config, input_ids, input_mask, deterministic)
+        return {"logits": _classifier(self.config, self.num_labels, prediction_head(self.config, x), deterministic)}
+
+
+class ModernForQuestionAnswering(nn.Module):
+    """transformers' ModernBertForQuestionAnswering: the prediction head, dropout and a 2-wide `classifier` (start,
+    end) at every row. Returns `logits` ([batch, 2, length], float32, as bert_jax.model.BertForQuestionAnswering's),
+    `start_logits` and `end_logits`."""
+
+    config: ModernConfig
+
+    @nn.compact
+    def __call__(self, input_ids, input_mask, segment_ids=None, deterministic: bool = True) -> dict[str, Any]:
+        del segment_ids
+        x, _ = encode(self.config, input_ids, input_mask, deterministic)
+        scores = _classifier(self.config, 2, prediction_head(self.config, x), deterministic)
+        return {"logits": jnp.swapaxes(scores, 1, 2), "start_logits": scores[..., 0], "end_logits": scores[..., 1]}
+
+
+# The top-level parameters a task model takes from a pretrained one: all but the task's `classifier` (and the masked
+# LM's decoder bias, which task models do not have).
+PRETRAINED_PARAMETERS = ("embeddings", "embeddings_norm", "final_norm", "mlm_transform", "mlm_layer_norm")
+
+
+def is_pretrained_parameter(name: str) -> bool:
+    """bert_jax.model.is_encoder_parameter's counterpart: True for the parameters fine-tuning reads from --config.init."""
+    return name in PRETRAINED_PARAMETERS or is_unrolled_layer(name)
 
 
 def is_modern(model_config) -> bool:

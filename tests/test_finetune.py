@@ -880,3 +880,55 @@ def _assert_the_export_loads_in_transformers(driver, recipe, workdir, labels, te
     ours = np.asarray(jax.jit(model.apply)({"params": params}, ids, mask, inputs["token_type_ids"].numpy())["logits"])
     real = mask == 1 if tagging else np.ones(len(texts), bool)
     np.testing.assert_allclose(ours[real], expected[real], atol=1e-4 * np.abs(expected).max())
+
+
+def test_a_transformers_modernbert_fine_tunes_through_the_job_and_exports_as_its_classifier(task, tmp_path):
+    """--config.init of a random ModernBertForMaskedLM saved by transformers (with the task's vocab.txt): the job
+    builds the modern encoder from its config.json (configs/finetune.py's BERT preset replaced), learns the keyword
+    task over a 2x2x2 mesh, and --mode=export's function writes a ModernBertForSequenceClassification whose logits
+    are ours."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from bert_jax import modern  # pylint: disable=import-outside-toplevel
+    torch.manual_seed(0)
+    theirs = transformers.ModernBertForMaskedLM(transformers.ModernBertConfig(
+        vocab_size=task["vocab_size"], hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+        intermediate_size=96, max_position_embeddings=64, local_attention=8, pad_token_id=0, bos_token_id=2,
+        eos_token_id=3, cls_token_id=2, sep_token_id=3))
+    init = tmp_path / "modernbert"
+    theirs.save_pretrained(init)
+    shutil.copy(os.path.join(task["vocab"], "vocab.txt"), init / "vocab.txt")
+    config = finetune_configs.get_config("size=tiny")
+    config.init = str(init)
+    config.mesh.data, config.mesh.fsdp, config.mesh.tensor = 2, 2, 2
+    config.data.train_file, config.data.eval_file = task["train"], task["eval"]
+    config.data.text_columns, config.data.label_column = "review", "sentiment"
+    config.data.max_seq_length = 16  # past the local layers' window of 8
+    config.train.batch_size, config.train.num_steps, config.train.eval_every, config.train.log_every = 32, 30, 15, 10
+    config.optim.learning_rate = 3e-3
+    workdir = str(tmp_path / "work")
+    prepared = job_config.prepare(config, workdir, "finetune")
+    model_config = modern.ModernConfig.from_config(prepared.model)
+    assert (model_config.num_layers, model_config.hidden_size, model_config.local_attention) == (3, 64, 8)
+    assert prepared.data.vocab_file == str(init / "vocab.txt")
+    final = finetune.finetune(prepared, workdir).metrics
+    assert final["step"] == 30 and final["eval_accuracy"] >= 0.9, final  # chance is 0.5 on 200 held-out reviews
+    lines = helpers.metrics_by_step(workdir)
+    assert lines[30]["loss"] < 0.5 * lines[10]["loss"], lines
+
+    exported = finetune.export_finetuned(workdir)
+    loaded = transformers.AutoModelForSequenceClassification.from_pretrained(exported, local_files_only=True).eval()
+    assert type(loaded).__name__ == "ModernBertForSequenceClassification"
+    assert loaded.config.id2label == {0: "negative", 1: "positive"}
+    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(exported, local_files_only=True)
+    inputs = hf_tokenizer(["a great movie", "the plot was boring and the cast felt awful"], padding=True,
+                          return_tensors="pt")
+    with torch.no_grad():
+        expected = loaded(**inputs).logits.numpy()
+    saved = os.path.join(workdir, finetune.FINETUNED_SUBDIR)
+    model = tasks.head_model("sequence", model_config, 2)
+    params = export.restore_model_params(saved, model, *[np.zeros((1, 8), np.int32)] * 3)
+    logits = np.asarray(model.apply({"params": params}, inputs["input_ids"].numpy(),
+                                    inputs["attention_mask"].numpy())["logits"])
+    np.testing.assert_allclose(logits, expected, atol=1e-5 * np.abs(expected).max())
+    assert (logits.argmax(-1) == [1, 0]).all()

@@ -208,19 +208,19 @@ def _read_pickle(path: str) -> dict:
     return {name: value.float().numpy() for name, value in state.items() if hasattr(value, "numpy")}
 
 
-def _read_hf_weights(path: str) -> tuple[dict, str]:
+def read_hf_weights(path: str) -> tuple[dict, str]:
     """({name: array}, the file read) from an HF model directory or weights file (sharded ones included)."""
     if os.path.isdir(path):
         for name in (HF_WEIGHTS, HF_WEIGHTS + ".index.json", HF_PICKLE, HF_PICKLE + ".index.json"):
             if os.path.exists(os.path.join(path, name)):
-                return _read_hf_weights(os.path.join(path, name))
+                return read_hf_weights(os.path.join(path, name))
         raise FileNotFoundError(f"{path}: no {HF_WEIGHTS}, {HF_PICKLE} or their .index.json in this directory")
     if path.endswith(".index.json"):
         with open(path, encoding="utf-8") as file:
             shards = sorted(set(json.load(file)["weight_map"].values()))
         tensors = {}
         for shard in shards:
-            tensors.update(_read_hf_weights(os.path.join(os.path.dirname(path), shard))[0])
+            tensors.update(read_hf_weights(os.path.join(os.path.dirname(path), shard))[0])
         return tensors, path
     if path.endswith(".safetensors"):
         return layout.read_safetensors(path), path
@@ -245,7 +245,7 @@ def import_hf(path: str, *, seed: int = 0, check_vocab: bool = True):
     directory = path if os.path.isdir(path) else os.path.dirname(path)
     config_path = hf_config_path(path)
     config = config_from_hf(layout.read_json(config_path), config_path)
-    raw, weights_file = _read_hf_weights(path)
+    raw, weights_file = read_hf_weights(path)
     tensors = {_normalize_hf_name(name): value for name, value in raw.items()}
     report = layout.ImportReport(source=weights_file, format="huggingface")
     if config.hidden_act == "gelu_tanh":

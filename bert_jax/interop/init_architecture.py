@@ -16,10 +16,12 @@ import jax
 
 from bert_jax import fileio
 from bert_jax import model as model_lib
+from bert_jax import modern
 from bert_jax import presets
 from bert_jax.interop import flax_files
 from bert_jax.interop import huggingface
 from bert_jax.interop import layout
+from bert_jax.interop import modern as interop_modern
 from bert_jax.interop import pretrained
 from bert_jax.interop import tf_checkpoint
 from bert_jax.data import tokenization
@@ -31,6 +33,10 @@ from bert_jax.interop.tf_checkpoint import TF_CONFIG
 # initializer_range) are the new run's choice.
 ARCHITECTURE_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size", "hidden_act",
                        "max_position_embeddings", "type_vocab_size", "layer_norm_eps")
+# The same for arch=modern (bert_jax.modern.ModernConfig); classifier_pooling is a fine-tuned checkpoint's choice.
+MODERN_ARCHITECTURE_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
+                              "max_position_embeddings", "local_attention", "global_attn_every_n_layers",
+                              "global_rope_theta", "local_rope_theta", "norm_eps", "classifier_pooling")
 # A bert_jax run's architecture: WORKDIR/model_config.json (pretraining), WORKDIR/finetuned/model_config.json.
 RUN_MODEL_CONFIG = "model_config.json"
 
@@ -44,6 +50,11 @@ class InitArchitecture:
     where: str  # the file (or checkpoint directory) they were read from, for messages
     format: str  # "bert_jax_checkpoint", "bert_jax" (export_flax), "huggingface" or "tf_checkpoint"
     vocab_file: str | None = None  # the checkpoint's tokenizer (a path load_tokenizer accepts), if one is known
+    arch: str = "bert"  # or "modern" (bert_jax.modern): its fields are MODERN_ARCHITECTURE_FIELDS
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        return MODERN_ARCHITECTURE_FIELDS if self.arch == modern.ARCHITECTURE else ARCHITECTURE_FIELDS
 
 
 def write_run_model_config(directory: str, model_config: model_lib.BertConfig) -> None:
@@ -52,8 +63,8 @@ def write_run_model_config(directory: str, model_config: model_lib.BertConfig) -
         fileio.makedirs(directory)
         with fileio.open_file(fileio.join(directory, RUN_MODEL_CONFIG), "w") as file:
             values = dataclasses.asdict(model_config)
-            if not isinstance(model_config, model_lib.BertConfig):  # bert_jax.modern's ModernConfig
-                values = {"arch": "modern", **values}
+            if isinstance(model_config, modern.ModernConfig):
+                values = {"arch": modern.ARCHITECTURE, **values}
             file.write(json.dumps(values, indent=2) + "\n")
 
 
@@ -62,8 +73,10 @@ def _checkpoint_shapes(step_directory) -> dict:
     from bert_jax import checkpoint as checkpoint_lib  # pylint: disable=import-outside-toplevel
     params = checkpoint_lib.state_metadata(str(step_directory))["train_state"]["params"]
     if "embeddings_norm" in params:  # bert_jax.modern's parameter tree
-        raise ValueError(f"--config.init={step_directory}: a checkpoint of the modern encoder (arch=modern), which "
-                         "--config.init cannot take yet; it takes BERT checkpoints and exports")
+        vocab_size, hidden_size = params["embeddings"]["embedding"].shape
+        return {"arch": modern.ARCHITECTURE, "vocab_size": int(vocab_size), "hidden_size": int(hidden_size),
+                "num_layers": sum(1 for name in params if model_lib.is_unrolled_layer(name)),
+                "intermediate_size": int(params["layer_0"]["mlp_input"]["kernel"].shape[-1])}
     embeddings = params["embeddings"]
     vocab_size, hidden_size = embeddings["word_embeddings"]["embedding"].shape
     if model_lib.SCANNED_LAYERS in params:  # stacked: a leading layer axis
@@ -85,22 +98,37 @@ def _run_architecture(path: str) -> InitArchitecture:
     # WORKDIR/checkpoints/STEP belongs to WORKDIR; a fine-tuned directory holds its own files.
     home = step.parent.parent if step.name.isdigit() else step
     values = _checkpoint_shapes(step)
+    arch = values.pop("arch", "bert")
     record, where = home / RUN_MODEL_CONFIG, str(step)
     if record.exists():
-        recorded = flax_files.config_from_ours(str(record))
+        recorded = recorded_config(str(record))
+        recorded_arch = modern.ARCHITECTURE if isinstance(recorded, modern.ModernConfig) else "bert"
         disagree = [f"{field}={getattr(recorded, field)!r} there but {value!r} in the arrays"
-                    for field, value in values.items() if getattr(recorded, field) != value]
+                    for field, value in dict(values, arch=arch).items()
+                    if getattr(recorded, field, recorded_arch) != value]
         if disagree:
             raise ValueError(f"{record} does not describe the checkpoint {step}: {'; '.join(disagree)}. Fix: "
                              "restore the model_config.json that run wrote, or delete it (the shapes are used)")
-        values = {field: getattr(recorded, field) for field in ARCHITECTURE_FIELDS}
+        values = {field: getattr(recorded, field)
+                  for field in InitArchitecture(values, where, "", arch=arch).fields}
         where = str(record)
     vocab_file = pretrained.saved_tokenizer(str(step))
     ready = home / "data" / "READY.json"  # a run that made its data (data.source=corpus) names its tokenizer
     if vocab_file is None and ready.exists():
         tokenizer_dir = json.loads(ready.read_text()).get("tokenizer_dir")
         vocab_file = tokenizer_dir if tokenizer_dir and fileio.exists(tokenizer_dir) else None
-    return InitArchitecture(values, where, "bert_jax_checkpoint", vocab_file)
+    return InitArchitecture(values, where, "bert_jax_checkpoint", vocab_file, arch)
+
+
+def recorded_config(path: str):
+    """A run's model_config.json: a BertConfig, or a ModernConfig where it says arch="modern"."""
+    values = layout.read_json(path)
+    if values.get("arch", "bert") != modern.ARCHITECTURE:
+        return flax_files.config_from_ours(path)
+    try:
+        return modern.architecture_config(values)
+    except ValueError as error:
+        raise ValueError(f"{path}: {error}") from None
 
 
 def read_architecture(path: str) -> InitArchitecture:
@@ -120,7 +148,10 @@ def read_architecture(path: str) -> InitArchitecture:
         config, vocab_file = flax_files.config_from_ours(config_path), pretrained.saved_tokenizer(path)
     elif kind == "huggingface":
         config_path = huggingface.hf_config_path(path)
-        config = huggingface.config_from_hf(layout.read_json(config_path), config_path)
+        values = layout.read_json(config_path)
+        config = (interop_modern.config_from_transformers(values, config_path)
+                  if values.get("model_type") == interop_modern.MODEL_TYPE
+                  else huggingface.config_from_hf(values, config_path))
         vocab_file = os.path.join(os.path.dirname(config_path), VOCAB_FILE)
     else:
         prefix = tf_checkpoint.tf_prefix(path)
@@ -128,8 +159,10 @@ def read_architecture(path: str) -> InitArchitecture:
         config = tf_checkpoint.config_from_tf(config_path)
         vocab_file = os.path.join(os.path.dirname(prefix), VOCAB_FILE)
     vocab_file = vocab_file if vocab_file and os.path.exists(vocab_file) else None
-    return InitArchitecture({field: getattr(config, field) for field in ARCHITECTURE_FIELDS}, config_path, kind,
-                            vocab_file)
+    arch = modern.ARCHITECTURE if isinstance(config, modern.ModernConfig) else "bert"
+    source = InitArchitecture({}, config_path, kind, vocab_file, arch)
+    source.values = {field: getattr(config, field) for field in source.fields}
+    return source
 
 
 def _preset_model(config) -> dict | None:
@@ -137,7 +170,7 @@ def _preset_model(config) -> dict | None:
     preset = config.get("model_preset")
     if not preset:
         return None
-    return presets.model_config(preset).to_dict()
+    return (presets.modern_model_config if modern.is_modern(config.model) else presets.model_config)(preset).to_dict()
 
 
 def resolve_init_architecture(config, command_line=()):
@@ -157,12 +190,14 @@ def resolve_init_architecture(config, command_line=()):
         return config
     source = read_architecture(config.init)
     resolved = copy.deepcopy(config)
-    model, data = resolved.model, resolved.data
     named = {name.split(".", 1)[1] for name in command_line if name.startswith("model.")}
     preset = _preset_model(config)
     pretraining = "features" not in config  # configs/finetune.py has a features section, configs/pretrain.py not
+    if modern.is_modern(config.model) != (source.arch == modern.ARCHITECTURE):
+        preset = _switch_architecture(resolved, source, named, pretraining)
+    model, data = resolved.model, resolved.data
     conflicts = []
-    for field in ARCHITECTURE_FIELDS:
+    for field in source.fields:
         if field not in source.values:
             continue
         theirs, ours = source.values[field], model[field]
@@ -190,9 +225,35 @@ def resolve_init_architecture(config, command_line=()):
                          "Fix: set --config.data.vocab_file to the vocabulary the checkpoint was trained with")
     if resolved.model.to_dict() != config.model.to_dict():  # said once: resolving again changes nothing
         logging.info("--config.init=%s: architecture from %s: %s", config.init, source.where,
-                     ", ".join(f"{field}={model[field]!r}" for field in ARCHITECTURE_FIELDS))
+                     ", ".join(f"{field}={model[field]!r}" for field in source.fields))
         _warn_if_another_preset(config, source)
     return resolved
+
+
+def _switch_architecture(config, source: InitArchitecture, named: set, pretraining: bool) -> dict | None:
+    """Fine-tuning from a modern encoder's checkpoint with configs/finetune.py (whose presets are BERT's): config.model
+    becomes arch=modern's preset of the same size, keeping the compute choices (dtype, attention, remat) and every
+    field named on the command line. Returns that preset's config.model, against which explicit fields are told.
+    Pretraining keeps the recipe's architecture: a checkpoint of the other one is refused, with the option to pick."""
+    if pretraining or source.arch != modern.ARCHITECTURE:
+        ours = "arch=modern" if modern.is_modern(config.model) else "arch=bert"
+        fix = ("configs/pretrain.py:arch=modern" if source.arch == modern.ARCHITECTURE
+               else "configs/pretrain.py without arch=modern")
+        raise ValueError(f"--config.init={config.init} ({source.where}) is a checkpoint of arch={source.arch!r} but "
+                         f"the recipe trains {ours}. Fix: {fix}")
+    preset = presets.modern_model_config(config.get("model_preset") or "base")
+    foreign = sorted(name for name in named if name not in preset)
+    if foreign:
+        raise ValueError(f"--config.init={config.init} ({source.where}) is a modern encoder (arch=modern), which has "
+                         f"no {', '.join(f'--config.model.{name}' for name in foreign)}. Fix: leave them unset")
+    model = preset.copy_and_resolve_references()
+    for name in ("dtype", "attention", "remat", *named):
+        if name in config.model:
+            model[name] = config.model[name]
+    with config.unlocked():
+        config.model = model
+    logging.info("--config.init=%s is a modern encoder: the model is arch=modern", config.init)
+    return preset.to_dict()
 
 
 def _check_tokenizer_fits(data, source: InitArchitecture) -> None:
@@ -208,8 +269,9 @@ def _check_tokenizer_fits(data, source: InitArchitecture) -> None:
 def _warn_if_another_preset(config, source: InitArchitecture) -> None:
     """The recipe's other defaults (learning rate, epochs) are chosen per preset: say when they are another's."""
     preset = config.get("model_preset")
-    if not preset or not all(field in source.values for field in ("num_layers", "hidden_size", "num_heads")):
-        return
+    if (not preset or source.arch == modern.ARCHITECTURE
+            or not all(field in source.values for field in ("num_layers", "hidden_size", "num_heads"))):
+        return  # the modern presets have no recipes of their own to warn about
     shape = (source.values["num_layers"], source.values["hidden_size"], source.values["num_heads"])
     if presets.MODEL_PRESETS[preset] != shape:
         match = [name for name, preset_shape in presets.MODEL_PRESETS.items() if preset_shape == shape]

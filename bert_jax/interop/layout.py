@@ -146,16 +146,17 @@ def unflatten(flat: dict) -> dict:
     return traverse_util.unflatten_dict(flat, sep="/")
 
 
-def resize_vocab(flat: dict, rows: int) -> dict:
-    """Drops padding rows, or adds them (zero embeddings, MLM bias = the smallest real bias); see the module doc."""
+def resize_vocab(flat: dict, rows: int, names: tuple[str, str] = VOCAB_ROWS) -> dict:
+    """Drops padding rows, or adds them (zero embeddings, MLM bias = the smallest real bias); see the module doc.
+    `names`: the word embeddings' and the MLM bias's paths (bert_jax.modern's differ from BERT's)."""
     flat = dict(flat)
-    embedding, bias = flat[VOCAB_ROWS[0]], flat[VOCAB_ROWS[1]]
+    embedding, bias = flat[names[0]], flat[names[1]]
     if rows <= embedding.shape[0]:
-        flat[VOCAB_ROWS[0]], flat[VOCAB_ROWS[1]] = embedding[:rows], bias[:rows]
+        flat[names[0]], flat[names[1]] = embedding[:rows], bias[:rows]
     else:
         extra = rows - embedding.shape[0]
-        flat[VOCAB_ROWS[0]] = np.concatenate([embedding, np.zeros((extra, embedding.shape[1]), np.float32)])
-        flat[VOCAB_ROWS[1]] = np.concatenate([bias, np.full((extra,), bias.min(), np.float32)])
+        flat[names[0]] = np.concatenate([embedding, np.zeros((extra, embedding.shape[1]), np.float32)])
+        flat[names[1]] = np.concatenate([bias, np.full((extra,), bias.min(), np.float32)])
     return flat
 
 
@@ -259,7 +260,7 @@ class ImportReport:
                           f"ignored: {ignored or 'none'}", f"vocab file: {self.vocab_file or 'none'}", *self.notes])
 
 
-def _vocab_entries(vocab_file: str) -> int:
+def vocab_entries(vocab_file: str) -> int:
     # As the original load_vocab reads it: one entry per line, id = line number.
     with open(vocab_file, encoding="utf-8") as file:
         lines = file.read().split("\n")
@@ -297,7 +298,7 @@ def assemble(config, tensors: dict, *, kind: str, where: str, config_name: str, 
     report.ignored = sorted(set(tensors) - used)
     if vocab_file is not None:
         report.vocab_file = vocab_file
-        entries, rows = _vocab_entries(vocab_file), config.vocab_size
+        entries, rows = vocab_entries(vocab_file), config.vocab_size
         if check_vocab and entries != rows:
             raise ValueError(f"{vocab_file} has {entries} entries but the word embeddings "
                              f"({name_table(0)[0][column]}) have {rows} rows. Fix: use the vocab that belongs "

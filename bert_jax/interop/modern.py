@@ -1,6 +1,7 @@
 """transformers' ModernBERT and bert_jax.modern: the config (`config_from_transformers`, `transformers_config`), the
 weights both ways (`params_from_transformers`, `params_to_transformers`), as numpy arrays by transformers' tensor
-names (ModernBertForMaskedLM's state dict), and `export_hf`, a directory transformers loads.
+names (ModernBertForMaskedLM's state dict), `import_hf` (a transformers ModernBERT directory, for --config.init),
+and `export_hf` and `export_hf_task`, directories transformers loads.
 
 transformers keeps query, key and value as one matrix (`Wqkv`, [3 * hidden, hidden]: query rows, then key, then
 value, each heads x head_dim) and the GeGLU's input and gate as one (`Wi`, [2 * intermediate, hidden]: input rows,
@@ -9,12 +10,16 @@ then gate); a PyTorch Linear weight is our kernel transposed. The decoder is tie
 
 import os
 
+import jax
 import numpy as np
 from safetensors import numpy as safetensors_numpy
 
 from bert_jax import modern
 from bert_jax.interop import huggingface
 from bert_jax.interop import layout
+
+MODEL_TYPE = "modernbert"  # config.json's model_type
+VOCAB_ROWS = ("embeddings/embedding", "mlm_output_bias")  # as bert_jax.interop.layout.VOCAB_ROWS for BERT
 
 # ModernBertConfig fields that must hold for its model to be ours (the rest are defaults we do not model).
 _REQUIRED = {"norm_bias": False, "attention_bias": False, "mlp_bias": False, "decoder_bias": True,
@@ -23,7 +28,7 @@ _REQUIRED = {"norm_bias": False, "attention_bias": False, "mlp_bias": False, "de
 
 def transformers_config(config: modern.ModernConfig) -> dict:
     """config.json fields of ModernBertConfig for `config` (the architecture; token ids and the rest default)."""
-    return {"model_type": "modernbert", "architectures": ["ModernBertForMaskedLM"],
+    return {"model_type": MODEL_TYPE, "architectures": ["ModernBertForMaskedLM"],
             "vocab_size": config.vocab_size, "hidden_size": config.hidden_size,
             "num_hidden_layers": config.num_layers, "num_attention_heads": config.num_heads,
             "intermediate_size": config.intermediate_size,
@@ -33,7 +38,8 @@ def transformers_config(config: modern.ModernConfig) -> dict:
             "global_rope_theta": config.global_rope_theta, "local_rope_theta": config.local_rope_theta,
             "norm_eps": config.norm_eps, "embedding_dropout": config.dropout_rate,
             "mlp_dropout": config.dropout_rate, "attention_dropout": config.attention_dropout_rate,
-            "initializer_range": config.initializer_range, "tie_word_embeddings": True, **_REQUIRED}
+            "initializer_range": config.initializer_range, "classifier_pooling": config.classifier_pooling,
+            "classifier_dropout": config.dropout_rate, "tie_word_embeddings": True, **_REQUIRED}
 
 
 def config_from_transformers(values: dict, where: str = "config.json") -> modern.ModernConfig:
@@ -64,7 +70,66 @@ def config_from_transformers(values: dict, where: str = "config.json") -> modern
         local_rope_theta=float(thetas["sliding_attention"] or values.get("local_rope_theta", 10000.0)),
         norm_eps=values.get("norm_eps", 1e-5), dropout_rate=float(values.get("embedding_dropout", 0.0)),
         attention_dropout_rate=float(values.get("attention_dropout", 0.0)),
-        initializer_range=values.get("initializer_range", 0.02))
+        initializer_range=values.get("initializer_range", 0.02),
+        classifier_pooling=values.get("classifier_pooling", "cls"))
+
+
+def is_modern_hf(path: str) -> bool:
+    """Whether the HuggingFace checkpoint at `path` (a directory or weights file) is a ModernBERT (its config.json's
+    model_type)."""
+    return layout.read_json(huggingface.hf_config_path(path)).get("model_type") == MODEL_TYPE
+
+
+# Tensors a ModernBertModel checkpoint (the encoder alone) lacks, made on import as ModernForMaskedLM's init makes
+# them (seeded): the prediction head and the decoder bias.
+_HEAD_TENSORS = ("head.dense.weight", "head.norm.weight", "decoder.bias")
+
+
+def import_hf(path: str, *, seed: int = 0, check_vocab: bool = True):
+    """(ModernConfig, params, ImportReport) from a transformers ModernBERT directory or weights file: any ModernBert*
+    class's state dict (a ModernBertModel's names lack "model."). The masked-LM head's tensors (`head.*`, a task
+    model's head has the same shapes, `decoder.bias`) are read where present, else initialised with `seed` and
+    reported; a task model's `classifier` is ignored. A vocab.txt beside config.json is the tokenizer, its entries
+    checked against the embedding rows."""
+    path = os.fspath(path)
+    config_path = huggingface.hf_config_path(path)
+    config = config_from_transformers(layout.read_json(config_path), config_path)
+    raw, weights_file = huggingface.read_hf_weights(path)
+    tensors = {(f"model.{name}" if name.split(".")[0] in ("embeddings", "layers", "final_norm") else name): value
+               for name, value in raw.items()}
+    report = layout.ImportReport(source=weights_file, format="huggingface")
+    fresh = params_to_transformers(_init_params(config, seed), config)  # every tensor's shape, and missing heads
+    del fresh["decoder.weight"]  # tied to the embeddings
+    for name, value in fresh.items():
+        if name not in tensors:
+            if name not in _HEAD_TENSORS:
+                raise ValueError(f"{weights_file}: tensor {name} is missing (looked for it with and without the "
+                                 "'model.' prefix); it is part of every ModernBERT encoder")
+            report.initialized.append(name)
+            tensors[name] = value
+        elif tuple(np.shape(tensors[name])) != value.shape:
+            raise ValueError(f"{weights_file}: tensor {name} has shape {tuple(np.shape(tensors[name]))} but "
+                             f"{config_path} implies {value.shape}. Fix: use the config that belongs to these weights")
+    if report.initialized:
+        report.notes.append(f"initialised {len(report.initialized)} head tensors absent in the source (seed {seed})")
+    report.ignored = sorted(set(tensors) - set(fresh) - {"decoder.weight"})
+    params = params_from_transformers(tensors, config)
+    vocab_file = os.path.join(os.path.dirname(config_path), layout.VOCAB_FILE)
+    if os.path.exists(vocab_file):
+        report.vocab_file = vocab_file
+        entries = layout.vocab_entries(vocab_file)
+        if check_vocab and entries > config.vocab_size:
+            raise ValueError(f"{vocab_file} has {entries} entries but {config_path} has vocab_size="
+                             f"{config.vocab_size}: not this model's vocabulary")
+    return config, params, report
+
+
+def _init_params(config: modern.ModernConfig, seed: int) -> dict:
+    """ModernForMaskedLM's initial parameters as float32 numpy arrays (for the head tensors a checkpoint lacks)."""
+    import flax.linen as nn  # pylint: disable=import-outside-toplevel
+    ids = np.zeros((1, 8), np.int32)
+    variables = jax.jit(modern.ModernForMaskedLM(config).init)(jax.random.key(seed), ids, np.ones_like(ids))
+    return jax.tree.map(lambda value: np.asarray(value, np.float32), nn.meta.unbox(variables["params"]))
 
 
 def _layer_names(index: int) -> dict:
@@ -109,7 +174,8 @@ def params_from_transformers(tensors: dict, config: modern.ModernConfig) -> dict
 
 
 def params_to_transformers(params: dict, config: modern.ModernConfig) -> dict:
-    """ModernBertForMaskedLM's tensors (name -> float32 array) from ModernForMaskedLM parameters."""
+    """ModernBertForMaskedLM's tensors (name -> float32 array) from ModernForMaskedLM parameters; from a task model's
+    (bert_jax.modern's ModernFor*), its ModernBert*For* class's: `classifier` in place of the decoder."""
     def weight(dense):
         return np.ascontiguousarray(np.asarray(dense["kernel"], np.float32).T)
 
@@ -118,8 +184,13 @@ def params_to_transformers(params: dict, config: modern.ModernConfig) -> dict:
                "model.embeddings.norm.weight": np.asarray(params["embeddings_norm"]["scale"], np.float32),
                "model.final_norm.weight": np.asarray(params["final_norm"]["scale"], np.float32),
                "head.dense.weight": weight(params["mlm_transform"]),
-               "head.norm.weight": np.asarray(params["mlm_layer_norm"]["scale"], np.float32),
-               "decoder.weight": embedding, "decoder.bias": np.asarray(params["mlm_output_bias"], np.float32)}
+               "head.norm.weight": np.asarray(params["mlm_layer_norm"]["scale"], np.float32)}
+    if "mlm_output_bias" in params:  # the masked LM's decoder; a task model has a classifier instead
+        tensors.update({"decoder.weight": embedding,
+                        "decoder.bias": np.asarray(params["mlm_output_bias"], np.float32)})
+    if "classifier" in params:
+        tensors.update({"classifier.weight": weight(params["classifier"]),
+                        "classifier.bias": np.asarray(params["classifier"]["bias"], np.float32)})
     for index in range(config.num_layers):
         layer, names = params[f"layer_{index}"], _layer_names(index)
         attention = layer["attention"]
@@ -140,6 +211,33 @@ def export_hf(params, config: modern.ModernConfig, output_dir: str, tokenizer=No
     path load_tokenizer accepts), its files: tokenizer.json beside vocab.txt and tokenizer_config.json. The
     tokenizer's size is the real vocabulary: rows beyond it (model.vocab_size's padding) are dropped. Returns
     output_dir."""
+    return _export(params, config, output_dir, tokenizer, {})
+
+
+# A fine-tuned task (bert_jax.tasks' names) -> the transformers class that has its head.
+TASK_CLASSES = {"sequence": "ModernBertForSequenceClassification", "tokens": "ModernBertForTokenClassification",
+                "qa": "ModernBertForQuestionAnswering"}
+
+
+def export_hf_task(params, config: modern.ModernConfig, output_dir: str, task: str, label_names: list[str],
+                   tokenizer) -> str:
+    """A fine-tuned modern model (task `task`, TASK_CLASSES) as a directory the matching transformers Auto class
+    loads, head and all, with its labels (config.json's id2label / label2id; none for "qa") and `tokenizer`'s
+    files, as export_hf writes them. Returns output_dir."""
+    width = 2 if task == "qa" else len(label_names)
+    kernel = layout.host_params(params).get("classifier/kernel")
+    if kernel is None or kernel.shape[1] != width:
+        raise ValueError(f"export_hf_task: the parameters have no classifier of {width} outputs (classifier/kernel: "
+                         f"{None if kernel is None else kernel.shape}). Fix: pass a fine-tuned model's parameters "
+                         "and its labels.json")
+    extra = {"architectures": [TASK_CLASSES[task]]}
+    if task != "qa":
+        extra.update(id2label={str(index): name for index, name in enumerate(label_names)},
+                     label2id={name: index for index, name in enumerate(label_names)})
+    return _export(params, config, output_dir, tokenizer, extra)
+
+
+def _export(params, config: modern.ModernConfig, output_dir: str, tokenizer, extra: dict) -> str:
     nested = layout.unflatten(layout.host_params(params))  # float32 numpy on the host, gathered if sharded
     tokenizer = layout.as_tokenizer(tokenizer)
     if tokenizer is not None and tokenizer.kind != "wordpiece":
@@ -150,12 +248,15 @@ def export_hf(params, config: modern.ModernConfig, output_dir: str, tokenizer=No
         raise ValueError(f"export_hf: the tokenizer has {vocab_size} entries but the model only "
                          f"{config.vocab_size} rows (model.vocab_size)")
     tensors = params_to_transformers(nested, config)
-    del tensors["decoder.weight"]
+    tensors.pop("decoder.weight", None)
     for name in ("model.embeddings.tok_embeddings.weight", "decoder.bias"):
-        tensors[name] = np.ascontiguousarray(tensors[name][:vocab_size])
+        if name in tensors:
+            tensors[name] = np.ascontiguousarray(tensors[name][:vocab_size])
+    if jax.process_index() != 0:
+        return output_dir
     os.makedirs(output_dir, exist_ok=True)
     safetensors_numpy.save_file(tensors, os.path.join(output_dir, huggingface.HF_WEIGHTS), metadata={"format": "pt"})
-    values = dict(transformers_config(config), vocab_size=vocab_size)
+    values = dict(transformers_config(config), vocab_size=vocab_size, **extra)
     if tokenizer is not None:
         values.update(pad_token_id=tokenizer.pad_id, cls_token_id=tokenizer.cls_id, bos_token_id=tokenizer.cls_id,
                       sep_token_id=tokenizer.sep_id, eos_token_id=tokenizer.sep_id)

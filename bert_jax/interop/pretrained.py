@@ -20,10 +20,12 @@ import os
 from flax import traverse_util
 
 from bert_jax import fileio
+from bert_jax import modern
 from bert_jax.data import tokenization
 from bert_jax.interop import flax_files
 from bert_jax.interop import huggingface
 from bert_jax.interop import layout
+from bert_jax.interop import modern as interop_modern
 from bert_jax.interop import tf_checkpoint
 from bert_jax.interop.flax_files import FLAX_CONFIG
 from bert_jax.interop.huggingface import HF_CONFIG, HF_PICKLE, HF_WEIGHTS
@@ -55,7 +57,8 @@ def saved_tokenizer(directory: str) -> str | None:
 
 def load_pretrained(path: str, *, vocab_size: int | None = None, seed: int = 0, check_vocab: bool = True):
     """(BertConfig, params, ImportReport) from any supported format, recognised by its files: our export_flax
-    directory, a HuggingFace directory or weights file, or an original TF checkpoint (directory or prefix).
+    directory, a HuggingFace directory or weights file, or an original TF checkpoint (directory or prefix). A
+    transformers ModernBERT (config.json's model_type) gives (bert_jax.modern.ModernConfig, its params, report).
 
     `vocab_size` resizes the vocabulary rows: larger adds padding rows (zero embeddings, MLM bias = the smallest
     real bias), e.g. tokenization.padded_vocab_size(real size) for a model to pretrain further; smaller is refused.
@@ -65,6 +68,8 @@ def load_pretrained(path: str, *, vocab_size: int | None = None, seed: int = 0, 
     if kind == "bert_jax":
         config, params = flax_files.load_flax(path)
         report = ImportReport(source=path, format=kind, vocab_file=saved_tokenizer(path))
+    elif kind == "huggingface" and interop_modern.is_modern_hf(path):
+        config, params, report = interop_modern.import_hf(path, seed=seed, check_vocab=check_vocab)
     elif kind == "huggingface":
         config, params, report = huggingface.import_hf(path, seed=seed, check_vocab=check_vocab)
     else:
@@ -74,6 +79,7 @@ def load_pretrained(path: str, *, vocab_size: int | None = None, seed: int = 0, 
             raise ValueError(f"load_pretrained: vocab_size={vocab_size} is smaller than the {config.vocab_size} rows "
                              f"of {VOCAB_ROWS[0]}; rows are only added, never dropped")
         report.notes.append(f"vocabulary padded from {config.vocab_size} to {vocab_size} rows")
-        params = layout.unflatten(layout.resize_vocab(traverse_util.flatten_dict(params, sep="/"), vocab_size))
+        rows = interop_modern.VOCAB_ROWS if isinstance(config, modern.ModernConfig) else layout.VOCAB_ROWS
+        params = layout.unflatten(layout.resize_vocab(traverse_util.flatten_dict(params, sep="/"), vocab_size, rows))
         config = dataclasses.replace(config, vocab_size=vocab_size)
     return config, params, report

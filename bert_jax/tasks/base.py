@@ -40,7 +40,9 @@ class Task:
 
     @classmethod
     def head(cls, model_config: model_lib.BertConfig, num_labels: int, encoder: str = "tuned") -> nn.Module:
-        """The model with this task's head over `num_labels` classes; `encoder` (train.encoder) picks its inputs."""
+        """The model with this task's head over `num_labels` classes; `encoder` (train.encoder) picks its inputs.
+        `model_config` is a BertConfig or, for arch=modern, a bert_jax.modern.ModernConfig: transformers' ModernBert
+        task class."""
         raise NotImplementedError
 
     def model(self, model_config: model_lib.BertConfig, encoder: str = "tuned") -> nn.Module:

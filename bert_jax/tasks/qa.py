@@ -11,6 +11,7 @@ import numpy as np
 
 from bert_jax import fileio
 from bert_jax import model as model_lib
+from bert_jax import modern
 from bert_jax.data import squad
 from bert_jax.tasks.base import Task
 
@@ -56,6 +57,8 @@ class QuestionAnswering(Task):
     @classmethod
     def head(cls, model_config: model_lib.BertConfig, num_labels: int, encoder: str = "tuned") -> nn.Module:
         del num_labels, encoder  # a start and an end score; always "tuned" (`encoders`)
+        if isinstance(model_config, modern.ModernConfig):
+            return modern.ModernForQuestionAnswering(model_config)
         return model_lib.BertForQuestionAnswering(model_config)
 
     def held_out_scores(self, outputs: np.ndarray, data) -> tuple[dict[str, float], Any]:

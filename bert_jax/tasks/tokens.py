@@ -10,6 +10,7 @@ import numpy as np
 
 from bert_jax import fileio
 from bert_jax import model as model_lib
+from bert_jax import modern
 from bert_jax.data import conll
 from bert_jax.data import finetune_data
 from bert_jax.tasks.base import Task
@@ -60,6 +61,8 @@ class TokenClassification(Task):
 
     @classmethod
     def head(cls, model_config: model_lib.BertConfig, num_labels: int, encoder: str = "tuned") -> nn.Module:
+        if isinstance(model_config, modern.ModernConfig):  # "tuned" only (job_config refuses the others)
+            return modern.ModernForTokenClassification(model_config, num_labels)
         return model_lib.BertForTokenClassification(model_config, num_labels, encoder=encoder)
 
     def held_out_scores(self, outputs: np.ndarray, data) -> tuple[dict[str, float], Any]:

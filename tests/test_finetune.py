@@ -911,6 +911,15 @@ def test_a_transformers_modernbert_fine_tunes_through_the_job_and_exports_as_its
     model_config = modern.ModernConfig.from_config(prepared.model)
     assert (model_config.num_layers, model_config.hidden_size, model_config.local_attention) == (3, 64, 8)
     assert prepared.data.vocab_file == str(init / "vocab.txt")
+    # What the modern encoder has no use for is refused by name, before anything runs.
+    with pytest.raises(ValueError, match="which has no --config.model.type_vocab_size. Fix: leave them unset"):
+        job_config.prepare(config, workdir, "finetune", command_line=["model.type_vocab_size"])
+    with pytest.raises(ValueError, match="--mode=features reads BERT models;.* is a modern encoder"):
+        job_config.prepare(config, workdir, "features")
+    frozen = copy.deepcopy(config)
+    frozen.train.encoder = "frozen_last4"
+    with pytest.raises(ValueError, match="--config.train.encoder='frozen_last4': a modern encoder"):
+        job_config.prepare(frozen, workdir, "finetune")
     final = finetune.finetune(prepared, workdir).metrics
     assert final["step"] == 30 and final["eval_accuracy"] >= 0.9, final  # chance is 0.5 on 200 held-out reviews
     lines = helpers.metrics_by_step(workdir)

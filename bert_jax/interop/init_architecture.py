@@ -1,4 +1,5 @@
-"""--config.init: the architecture comes from the checkpoint it names.
+"""--config.init: the architecture comes from the checkpoint it names, BERT's or the modern encoder's
+(bert_jax.modern).
 
 `resolve_init_architecture(config)` reads the checkpoint's config file (HuggingFace config.json, the original
 bert_config.json, an export's bert_jax_config.json) or, for a bert_jax run, its model_config.json and array shapes,
@@ -54,7 +55,11 @@ class InitArchitecture:
 
     @property
     def fields(self) -> tuple[str, ...]:
-        return MODERN_ARCHITECTURE_FIELDS if self.arch == modern.ARCHITECTURE else ARCHITECTURE_FIELDS
+        return _fields(self.arch)
+
+
+def _fields(arch: str) -> tuple[str, ...]:
+    return MODERN_ARCHITECTURE_FIELDS if arch == modern.ARCHITECTURE else ARCHITECTURE_FIELDS
 
 
 def write_run_model_config(directory: str, model_config: model_lib.BertConfig) -> None:
@@ -109,8 +114,7 @@ def _run_architecture(path: str) -> InitArchitecture:
         if disagree:
             raise ValueError(f"{record} does not describe the checkpoint {step}: {'; '.join(disagree)}. Fix: "
                              "restore the model_config.json that run wrote, or delete it (the shapes are used)")
-        values = {field: getattr(recorded, field)
-                  for field in InitArchitecture(values, where, "", arch=arch).fields}
+        values = {field: getattr(recorded, field) for field in _fields(arch)}
         where = str(record)
     vocab_file = pretrained.saved_tokenizer(str(step))
     ready = home / "data" / "READY.json"  # a run that made its data (data.source=corpus) names its tokenizer
@@ -160,9 +164,8 @@ def read_architecture(path: str) -> InitArchitecture:
         vocab_file = os.path.join(os.path.dirname(prefix), VOCAB_FILE)
     vocab_file = vocab_file if vocab_file and os.path.exists(vocab_file) else None
     arch = modern.ARCHITECTURE if isinstance(config, modern.ModernConfig) else "bert"
-    source = InitArchitecture({}, config_path, kind, vocab_file, arch)
-    source.values = {field: getattr(config, field) for field in source.fields}
-    return source
+    return InitArchitecture({field: getattr(config, field) for field in _fields(arch)}, config_path, kind,
+                            vocab_file, arch)
 
 
 def _preset_model(config) -> dict | None:
@@ -176,7 +179,8 @@ def _preset_model(config) -> dict | None:
 def resolve_init_architecture(config, command_line=()):
     """`config` (a copy) with config.model's architecture taken from the checkpoint config.init names.
 
-    Every field of ARCHITECTURE_FIELDS the checkpoint states is copied into config.model, except fields set
+    Every field of ARCHITECTURE_FIELDS (MODERN_ARCHITECTURE_FIELDS for a modern encoder's checkpoint: fine-tuning
+    then builds arch=modern, _switch_architecture) the checkpoint states is copied into config.model, except fields set
     explicitly, which must agree with it (one ValueError names every one that does not). Explicit: named in
     `command_line` (config paths such as "model.hidden_size": the driver passes its --config.* overrides), or
     different from the recipe preset's value (config.model_preset), so the rule holds for configs built in Python.
@@ -230,7 +234,7 @@ def resolve_init_architecture(config, command_line=()):
     return resolved
 
 
-def _switch_architecture(config, source: InitArchitecture, named: set, pretraining: bool) -> dict | None:
+def _switch_architecture(config, source: InitArchitecture, named: set, pretraining: bool) -> dict:
     """Fine-tuning from a modern encoder's checkpoint with configs/finetune.py (whose presets are BERT's): config.model
     becomes arch=modern's preset of the same size, keeping the compute choices (dtype, attention, remat) and every
     field named on the command line. Returns that preset's config.model, against which explicit fields are told.

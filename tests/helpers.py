@@ -155,3 +155,22 @@ def run_finetune(config, workdir):
 
 def run_features(config, workdir):
     return finetune_lib.extract_features(job_config.prepare(config, workdir, "features"), workdir)
+
+
+def byte_level_bpe(texts, vocab_size, directory):
+    """A tokenizer.json made as ModernBERT's is (a byte-level BPE, no prefix space, BERT's special tokens and
+    [CLS] $A [SEP] template), trained on `texts` with `tokenizers`; returns its path."""
+    from tokenizers import (Tokenizer, decoders, models, pre_tokenizers, processors,  # pylint: disable=C0415
+                            trainers)
+    tokenizer = Tokenizer(models.BPE(unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.train_from_iterator(texts, trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=["[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]", special_tokens=[("[CLS]", 1), ("[SEP]", 2)])
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, "tokenizer.json")
+    tokenizer.save(path)
+    return path

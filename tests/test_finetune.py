@@ -883,21 +883,22 @@ def _assert_the_export_loads_in_transformers(driver, recipe, workdir, labels, te
 
 
 def test_a_transformers_modernbert_fine_tunes_through_the_job_and_exports_as_its_classifier(task, tmp_path):
-    """--config.init of a random ModernBertForMaskedLM saved by transformers (with the task's vocab.txt): the job
-    builds the modern encoder from its config.json (configs/finetune.py's BERT preset replaced), learns the keyword
-    task over a 2x2x2 mesh, and --mode=export's function writes a ModernBertForSequenceClassification whose logits
-    are ours."""
+    """--config.init of a random ModernBertForMaskedLM saved by transformers with a tokenizer.json alone (a byte-level
+    BPE, as the published ModernBERT's): the job builds the modern encoder from its config.json (configs/finetune.py's
+    BERT preset replaced) and tokenizes with that file, learns the keyword task over a 2x2x2 mesh, and --mode=export's
+    function writes a ModernBertForSequenceClassification and its tokenizer, whose logits are ours."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     from bert_jax import modern  # pylint: disable=import-outside-toplevel
+    init = tmp_path / "modernbert"
+    with open(task["train"], encoding="utf-8") as file:
+        tokenizer_json = helpers.byte_level_bpe([row["review"] for row in csv.DictReader(file)], 400, str(init))
     torch.manual_seed(0)
     theirs = transformers.ModernBertForMaskedLM(transformers.ModernBertConfig(
-        vocab_size=task["vocab_size"], hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
-        intermediate_size=96, max_position_embeddings=64, local_attention=8, pad_token_id=0, bos_token_id=2,
-        eos_token_id=3, cls_token_id=2, sep_token_id=3))
-    init = tmp_path / "modernbert"
+        vocab_size=400, hidden_size=64, num_hidden_layers=3, num_attention_heads=4, intermediate_size=96,
+        max_position_embeddings=64, local_attention=8, pad_token_id=3, bos_token_id=1, eos_token_id=2,
+        cls_token_id=1, sep_token_id=2))
     theirs.save_pretrained(init)
-    shutil.copy(os.path.join(task["vocab"], "vocab.txt"), init / "vocab.txt")
     config = finetune_configs.get_config("size=tiny")
     config.init = str(init)
     config.mesh.data, config.mesh.fsdp, config.mesh.tensor = 2, 2, 2
@@ -910,7 +911,7 @@ def test_a_transformers_modernbert_fine_tunes_through_the_job_and_exports_as_its
     prepared = job_config.prepare(config, workdir, "finetune")
     model_config = modern.ModernConfig.from_config(prepared.model)
     assert (model_config.num_layers, model_config.hidden_size, model_config.local_attention) == (3, 64, 8)
-    assert prepared.data.vocab_file == str(init / "vocab.txt")
+    assert prepared.data.vocab_file == tokenizer_json
     # What the modern encoder has no use for is refused by name, before anything runs.
     with pytest.raises(ValueError, match="which has no --config.model.type_vocab_size. Fix: leave them unset"):
         job_config.prepare(config, workdir, "finetune", command_line=["model.type_vocab_size"])
@@ -930,8 +931,10 @@ def test_a_transformers_modernbert_fine_tunes_through_the_job_and_exports_as_its
     assert type(loaded).__name__ == "ModernBertForSequenceClassification"
     assert loaded.config.id2label == {0: "negative", 1: "positive"}
     hf_tokenizer = transformers.AutoTokenizer.from_pretrained(exported, local_files_only=True)
-    inputs = hf_tokenizer(["a great movie", "the plot was boring and the cast felt awful"], padding=True,
-                          return_tensors="pt")
+    texts = ["a great movie", "the plot was boring and the cast felt awful"]
+    inputs = hf_tokenizer(texts, padding=True, return_tensors="pt")
+    ours = tokenization.load_tokenizer(os.path.join(workdir, finetune.FINETUNED_SUBDIR))
+    assert inputs["input_ids"][1].tolist() == [ours.cls_id, *ours.encode_batch(texts[1:])[0], ours.sep_id]
     with torch.no_grad():
         expected = loaded(**inputs).logits.numpy()
     saved = os.path.join(workdir, finetune.FINETUNED_SUBDIR)

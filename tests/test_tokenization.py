@@ -310,3 +310,36 @@ def test_remote_paths_go_through_tf_gfile(uncased):
     assert loaded.encode_batch([PROBE]) == uncased.encode_batch([PROBE])
     with pytest.raises(FileNotFoundError, match="ram://tokenizer_test/missing"):
         load_tokenizer("ram://tokenizer_test/missing")
+
+
+def test_a_tokenizer_json_encodes_as_transformers_fast_tokenizer_and_words_as_split_into_words(tmp_path):
+    """A ModernBERT-style byte-level BPE tokenizer.json: whole texts give transformers' PreTrainedTokenizerFast ids
+    (without [CLS]/[SEP]), words encoded one by one give its is_split_into_words ids (no prefix space), spans are
+    the characters of the text, and it survives save, a HuggingFace-style directory, and pickling."""
+    transformers = pytest.importorskip("transformers")
+    from bert_jax.data import corpus  # pylint: disable=import-outside-toplevel
+    from tests import helpers  # pylint: disable=import-outside-toplevel
+    texts = [" ".join(document) for document in corpus.iter_documents("demo")][:100]
+    path = helpers.byte_level_bpe(texts, 400, str(tmp_path / "hf"))
+    ours = load_tokenizer(str(tmp_path / "hf"))  # a directory without our config: its tokenizer.json
+    assert ours.kind == "tokenizer_json" and ours.vocab_size == 400
+    assert ours.special_ids == {"pad_id": 3, "unk_id": 0, "cls_id": 1, "sep_id": 2, "mask_id": 4}
+    theirs = transformers.PreTrainedTokenizerFast(tokenizer_file=path)
+    samples = ["The function returns a copy of the list.", "Ünïcode  spaces\tand\nlines", texts[3][:300]]
+    assert ours.encode_batch(samples) == theirs(samples, add_special_tokens=False)["input_ids"]
+    words = samples[0].split()
+    assert sum(ours.encode_batch(words), []) == theirs(words, is_split_into_words=True,
+                                                       add_special_tokens=False)["input_ids"]
+    assert ours.tokenize("a the") == ["a", "\u0120the"]  # the space belongs to the next word's piece
+    assert ours.decode(ours.encode_batch(samples[:1])[0]) == samples[0]
+    [(ids, spans)] = ours.encode_with_spans(["héllo"])
+    assert ids == ours.encode_batch(["héllo"])[0] and spans[0][0] == 0 and spans[-1][1] == len("héllo")
+    continuation = ours.is_continuation
+    assert not continuation[[ours.cls_id, ours.pad_id]].any()
+    assert continuation[ours.convert_tokens_to_ids(["he"])[0]] != continuation[ours.convert_tokens_to_ids(
+        ["\u0120the"])[0]]
+    saved = load_tokenizer(ours.save(str(tmp_path / "saved")))
+    assert sorted(os.listdir(tmp_path / "saved")) == ["tokenizer.json", "tokenizer_config.json"]
+    assert saved.encode_batch(samples) == pickle.loads(pickle.dumps(ours)).encode_batch(samples) == \
+        ours.encode_batch(samples)
+    assert load_tokenizer(path).vocab_words == ours.vocab_words

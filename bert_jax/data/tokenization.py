@@ -1,4 +1,5 @@
-"""WordPiece and SentencePiece tokenizers behind one small interface, plus vocabulary training.
+"""WordPiece and SentencePiece tokenizers behind one small interface, plus vocabulary training; and a HuggingFace
+tokenizer.json (TokenizerJson) behind the same interface, for checkpoints that come with one.
 
 WordPiece reproduces the original google-research/bert FullTokenizer id for id, on every Unicode code point: the
 heavy work runs on HuggingFace `tokenizers` (Rust), with every character class taken from this Python's
@@ -35,6 +36,7 @@ PAD_ID, CLS_ID, SEP_ID, MASK_ID = 0, 101, 102, 103
 CONFIG_FILE = "tokenizer_config.json"
 WORDPIECE_VOCAB_FILE = "vocab.txt"
 SENTENCEPIECE_MODEL_FILE = "spm.model"
+TOKENIZER_JSON_FILE = "tokenizer.json"  # a HuggingFace `tokenizers` file (TokenizerJson)
 # The original WordpieceTokenizer (max_input_chars_per_word=200) maps any longer word to [UNK].
 MAX_INPUT_CHARS_PER_WORD = 200
 _SPECIAL_ID_FIELDS = ("pad_id", "unk_id", "cls_id", "sep_id", "mask_id")
@@ -340,15 +342,93 @@ class SentencePieceTokenizer(Tokenizer):
         return SENTENCEPIECE_MODEL_FILE
 
 
+# A HuggingFace tokenizer.json.
+#
+# Checkpoints trained elsewhere come with their tokenizer as `tokenizers`' own file (ModernBERT's is a byte-level BPE
+# with BERT's special tokens and 83 unused entries, 50,368 in all). `tokenizers` runs it as transformers' fast
+# tokenizers do; the post-processor's [CLS]/[SEP] are left out, as for the other kinds.
+
+# The five special tokens, in the spellings BERT-style and RoBERTa-style vocabularies give them.
+_JSON_SPECIAL_SPELLINGS = {"[PAD]": ("[PAD]", "<pad>"), "[UNK]": ("[UNK]", "<unk>"), "[CLS]": ("[CLS]", "<s>"),
+                           "[SEP]": ("[SEP]", "</s>"), "[MASK]": ("[MASK]", "<mask>")}
+# Characters that start a word in byte-level BPE (a space, a newline) and SentencePiece-style models.
+_WORD_START_MARKS = ("\u0120", "\u010a", "\u2581")
+
+
+class TokenizerJson(Tokenizer):
+    """A `tokenizers` tokenizer.json (any model: BPE, WordPiece, Unigram), for fine-tuning and pretraining from a
+    checkpoint that comes with one; bert_jax trains WordPiece and SentencePiece only. Its own normaliser decides the
+    case: `do_lower_case` is recorded, never applied. A word is encoded alone as transformers encodes words split
+    beforehand (is_split_into_words): a byte-level BPE without add_prefix_space gives it no leading space."""
+
+    kind = "tokenizer_json"
+
+    def __init__(self, payload: str, *, do_lower_case: bool = False, source: str = "<tokenizer.json>"):
+        from tokenizers import Tokenizer as Backend  # pylint: disable=import-outside-toplevel
+        self._payload, self._source, self.do_lower_case = payload, source, do_lower_case
+        try:
+            self._backend = Backend.from_str(payload)
+        except Exception as error:  # pylint: disable=broad-except  # tokenizers raises its own Exception type
+            raise ValueError(f"{source}: not a tokenizers tokenizer.json ({error})") from None
+        vocab = self._backend.get_vocab(with_added_tokens=True)
+        self.vocab_size = max(vocab.values()) + 1
+        self._words = [""] * self.vocab_size
+        for word, index in vocab.items():
+            self._words[index] = word
+        self._set_special_ids({token: next((vocab[s] for s in spellings if s in vocab), None)
+                               for token, spellings in _JSON_SPECIAL_SPELLINGS.items()},
+                              "a tokenizer.json whose vocabulary has them")
+        self._continuation_prefix = json.loads(payload).get("model", {}).get("continuing_subword_prefix")
+
+    @classmethod
+    def from_file(cls, path: str, *, do_lower_case: bool = False) -> "TokenizerJson":
+        return cls(_read_bytes(path).decode("utf-8"), do_lower_case=do_lower_case, source=path)
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [encoding.ids for encoding in self._backend.encode_batch(list(texts), add_special_tokens=False)]
+
+    def tokenize(self, text: str) -> list[str]:
+        return self._backend.encode(text, add_special_tokens=False).tokens
+
+    def encode_with_spans(self, texts: Sequence[str]) -> list[tuple[list[int], list[tuple[int, int]] | None]]:
+        encodings = self._backend.encode_batch(list(texts), add_special_tokens=False)
+        return [(encoding.ids, [tuple(offset) for offset in encoding.offsets]) for encoding in encodings]
+
+    def convert_tokens_to_ids(self, tokens: Iterable[str]) -> list[int]:
+        ids = (self._backend.token_to_id(token) for token in tokens)
+        return [self.unk_id if token_id is None else token_id for token_id in ids]
+
+    def decode(self, ids: Iterable[int], *, skip_special_tokens: bool = True) -> str:
+        return self._backend.decode(self._skip_special(ids, skip_special_tokens), skip_special_tokens=False)
+
+    @property
+    def is_continuation(self) -> np.ndarray:
+        special = set(self.special_ids.values())
+        if self._continuation_prefix:  # WordPiece: "##" marks a continuation
+            flags = [word.startswith(self._continuation_prefix) for word in self._words]
+        else:  # BPE, Unigram: a piece continues the word unless it starts one (or is punctuation)
+            flags = [bool(word) and not word.startswith(_WORD_START_MARKS) and word not in _PUNCTUATION
+                     for word in self._words]
+        return np.array([flag and index not in special for index, flag in enumerate(flags)], dtype=bool)
+
+    def _save_vocab(self, directory: str) -> str:
+        _write_bytes(fileio.join(directory, TOKENIZER_JSON_FILE), self._payload.encode("utf-8"))
+        return TOKENIZER_JSON_FILE
+
+
 # Loading.
 
 # Directories not written by save(): a Google BERT checkpoint or a HuggingFace model directory.
 _FOREIGN_VOCAB_FILES = (("wordpiece", "vocab.txt"), ("sentencepiece", "spm.model"),
-                        ("sentencepiece", "spiece.model"), ("sentencepiece", "sentencepiece.model"))
+                        ("sentencepiece", "spiece.model"), ("sentencepiece", "sentencepiece.model"),
+                        ("tokenizer_json", "tokenizer.json"))
+_KINDS = {"wordpiece": WORDPIECE_VOCAB_FILE, "sentencepiece": SENTENCEPIECE_MODEL_FILE,
+          "tokenizer_json": TOKENIZER_JSON_FILE}  # kind -> the file save() writes
 
 
 def load_tokenizer(path: str, *, do_lower_case: bool | None = None) -> Tokenizer:
-    """Loads a WordPiece vocab.txt, a SentencePiece .model, or a directory written by Tokenizer.save().
+    """Loads a WordPiece vocab.txt, a SentencePiece .model, a HuggingFace tokenizer.json, or a directory written by
+    Tokenizer.save() (or a HuggingFace model directory: its vocab.txt, else its tokenizer.json).
 
     `do_lower_case=None` takes the saved setting, else True for a vocab.txt and False for a .model. Local paths
     and gs:// both work; the tokenizer is cheap to build, so load it once per worker process after the fork.
@@ -359,13 +439,16 @@ def load_tokenizer(path: str, *, do_lower_case: bool | None = None) -> Tokenizer
                                 "SentencePiece .model file, or a directory written by Tokenizer.save()")
     if fileio.isdir(path):
         return _load_directory(path, do_lower_case)
-    kind = "sentencepiece" if path.endswith(".model") else "wordpiece"
+    kind = ("sentencepiece" if path.endswith(".model") else
+            "tokenizer_json" if path.endswith(".json") else "wordpiece")
     return _load_file(path, kind, do_lower_case)
 
 
 def _load_file(path: str, kind: str, do_lower_case: bool | None) -> Tokenizer:
     if kind == "wordpiece":
         return WordPieceTokenizer.from_vocab_file(path, do_lower_case=True if do_lower_case is None else do_lower_case)
+    if kind == "tokenizer_json":
+        return TokenizerJson.from_file(path, do_lower_case=bool(do_lower_case))
     return SentencePieceTokenizer.from_model_file(path, do_lower_case=bool(do_lower_case))
 
 
@@ -388,9 +471,9 @@ def _load_directory(directory: str, do_lower_case: bool | None) -> Tokenizer:
                                 f"({', '.join(name for _, name in _FOREIGN_VOCAB_FILES)}). Fix: point at a "
                                 "directory written by Tokenizer.save(), or at the vocab file itself")
     kind = config["kind"]
-    if kind not in ("wordpiece", "sentencepiece"):
-        raise ValueError(f"{config_path}: field 'kind' is {kind!r}; expected 'wordpiece' or 'sentencepiece'")
-    default_file = WORDPIECE_VOCAB_FILE if kind == "wordpiece" else SENTENCEPIECE_MODEL_FILE
+    if kind not in _KINDS:
+        raise ValueError(f"{config_path}: field 'kind' is {kind!r}; expected one of {sorted(_KINDS)}")
+    default_file = _KINDS[kind]
     vocab_path = fileio.join(directory, config.get("vocab_file") or default_file)
     if not fileio.exists(vocab_path):
         raise FileNotFoundError(f"{config_path}: its vocab_file {vocab_path!r} does not exist. Fix: copy the "

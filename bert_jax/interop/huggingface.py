@@ -20,6 +20,7 @@ import numpy as np
 from safetensors import numpy as safetensors_numpy
 
 from bert_jax import model as model_lib
+from bert_jax.data import tokenization
 from bert_jax.interop import layout
 from bert_jax.interop.layout import HF_SIZE_FIELDS, VOCAB_FILE, VOCAB_ROWS
 
@@ -81,6 +82,16 @@ def hf_config(config: model_lib.BertConfig, vocab_size: int, pad_token_id: int =
 
 # ---------------------------------------------------------------------------------------------------------------
 # Export.
+
+def tokenizer_beside(config_path: str) -> str | None:
+    """The tokenizer of a HuggingFace model directory (its config.json's): vocab.txt, else tokenizer.json (a
+    ModernBERT's BPE, say), else None."""
+    for name in (VOCAB_FILE, tokenization.TOKENIZER_JSON_FILE):
+        path = os.path.join(os.path.dirname(config_path), name)
+        if os.path.exists(path):
+            return path
+    return None
+
 
 def export_hf_tokenizer(tokenizer, output_dir: str, max_length: int) -> None:
     special = dict(zip(("pad_token", "unk_token", "cls_token", "sep_token", "mask_token"),

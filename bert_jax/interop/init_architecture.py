@@ -156,7 +156,7 @@ def read_architecture(path: str) -> InitArchitecture:
         config = (interop_modern.config_from_transformers(values, config_path)
                   if values.get("model_type") == interop_modern.MODEL_TYPE
                   else huggingface.config_from_hf(values, config_path))
-        vocab_file = os.path.join(os.path.dirname(config_path), VOCAB_FILE)
+        vocab_file = huggingface.tokenizer_beside(config_path)
     else:
         prefix = tf_checkpoint.tf_prefix(path)
         config_path = os.path.join(os.path.dirname(prefix), TF_CONFIG)

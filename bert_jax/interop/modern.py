@@ -15,6 +15,7 @@ import numpy as np
 from safetensors import numpy as safetensors_numpy
 
 from bert_jax import modern
+from bert_jax.data import tokenization
 from bert_jax.interop import huggingface
 from bert_jax.interop import layout
 
@@ -89,8 +90,8 @@ def import_hf(path: str, *, seed: int = 0, check_vocab: bool = True):
     """(ModernConfig, params, ImportReport) from a transformers ModernBERT directory or weights file: any ModernBert*
     class's state dict (a ModernBertModel's names lack "model."). The masked-LM head's tensors (`head.*`, a task
     model's head has the same shapes, `decoder.bias`) are read where present, else initialised with `seed` and
-    reported; a task model's `classifier` is ignored. A vocab.txt beside config.json is the tokenizer, its entries
-    checked against the embedding rows."""
+    reported; a task model's `classifier` is ignored. A vocab.txt beside config.json, else a tokenizer.json, is the
+    tokenizer, its entries checked against the embedding rows."""
     path = os.fspath(path)
     config_path = huggingface.hf_config_path(path)
     config = config_from_transformers(layout.read_json(config_path), config_path)
@@ -114,10 +115,10 @@ def import_hf(path: str, *, seed: int = 0, check_vocab: bool = True):
         report.notes.append(f"initialised {len(report.initialized)} head tensors absent in the source (seed {seed})")
     report.ignored = sorted(set(tensors) - set(fresh) - {"decoder.weight"})
     params = params_from_transformers(tensors, config)
-    vocab_file = os.path.join(os.path.dirname(config_path), layout.VOCAB_FILE)
-    if os.path.exists(vocab_file):
+    vocab_file = huggingface.tokenizer_beside(config_path)
+    if vocab_file is not None:
         report.vocab_file = vocab_file
-        entries = layout.vocab_entries(vocab_file)
+        entries = tokenization.load_tokenizer(vocab_file).vocab_size
         if check_vocab and entries > config.vocab_size:
             raise ValueError(f"{vocab_file} has {entries} entries but {config_path} has vocab_size="
                              f"{config.vocab_size}: not this model's vocabulary")
@@ -240,9 +241,9 @@ def export_hf_task(params, config: modern.ModernConfig, output_dir: str, task: s
 def _export(params, config: modern.ModernConfig, output_dir: str, tokenizer, extra: dict) -> str:
     nested = layout.unflatten(layout.host_params(params))  # float32 numpy on the host, gathered if sharded
     tokenizer = layout.as_tokenizer(tokenizer)
-    if tokenizer is not None and tokenizer.kind != "wordpiece":
-        raise ValueError(f"export_hf: a {tokenizer.kind} tokenizer cannot be written as transformers' WordPiece "
-                         "files; export with a WordPiece vocabulary (data.tokenizer=wordpiece)")
+    if tokenizer is not None and tokenizer.kind not in ("wordpiece", tokenization.TokenizerJson.kind):
+        raise ValueError(f"export_hf: a {tokenizer.kind} tokenizer cannot be written as transformers' tokenizer "
+                         "files; export with a WordPiece vocabulary (data.tokenizer=wordpiece) or a tokenizer.json")
     vocab_size = tokenizer.vocab_size if tokenizer is not None else config.vocab_size
     if vocab_size > config.vocab_size:
         raise ValueError(f"export_hf: the tokenizer has {vocab_size} entries but the model only "
@@ -268,8 +269,18 @@ def _export(params, config: modern.ModernConfig, output_dir: str, tokenizer, ext
 def _write_tokenizer(tokenizer, output_dir: str, max_length: int) -> None:
     """vocab.txt and tokenizer_config.json as the BERT export writes them, and tokenizer.json: the same WordPiece
     tokenizer as `tokenizers` builds it for transformers' BertTokenizerFast (clean text, CJK split, lower-case and
-    accent strip as do_lower_case, [CLS] ... [SEP] around each text)."""
+    accent strip as do_lower_case, [CLS] ... [SEP] around each text). A tokenizer.json tokenizer (a ModernBERT's
+    BPE) is written as it came, with a tokenizer_config.json naming transformers' PreTrainedTokenizerFast."""
     from tokenizers import implementations  # pylint: disable=import-outside-toplevel
+    if tokenizer.kind == tokenization.TokenizerJson.kind:
+        tokenizer.save(output_dir)  # tokenizer.json, and our tokenizer_config.json, replaced below
+        special = dict(zip(("pad_token", "unk_token", "cls_token", "sep_token", "mask_token"),
+                           tokenizer.convert_ids_to_tokens([tokenizer.pad_id, tokenizer.unk_id, tokenizer.cls_id,
+                                                            tokenizer.sep_id, tokenizer.mask_id])))
+        layout.write_json(os.path.join(output_dir, tokenization.CONFIG_FILE),
+                          {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": max_length,
+                           "model_input_names": ["input_ids", "attention_mask"], **special})
+        return
     huggingface.export_hf_tokenizer(tokenizer, output_dir, max_length)
     words = tokenizer.vocab_words
     backend = implementations.BertWordPieceTokenizer(

@@ -1,6 +1,7 @@
 """The modern encoder (bert_jax.modern): sliding-window attention on every back-end, and logits equal to
 transformers' ModernBertForMaskedLM from the same weights."""
 
+import dataclasses
 import os
 
 import flax.linen as nn
@@ -182,6 +183,37 @@ def test_our_parameters_have_transformers_shapes_and_unsupported_configs_are_nam
         modern.modern_config(local_attention=7)
     with pytest.raises(ValueError, match="num_heads=3: must divide hidden_size=64"):
         modern.modern_config(hidden_size=64, num_heads=3)
+
+
+def test_remat_and_bfloat16_keep_the_modern_encoders_loss_and_gradients():
+    """remat recomputes each layer's forward with the same dropout masks: loss and gradients as without it; bfloat16
+    compute (float32 parameters) stays near float32's loss."""
+    from tests.test_sharding import _assert_trees_close  # pylint: disable=import-outside-toplevel
+    base = modern.modern_config(vocab_size=300, hidden_size=64, num_layers=2, num_heads=4, intermediate_size=96,
+                                local_attention=8, dropout_rate=0.1, attention_dropout_rate=0.1,
+                                attention="reference")
+    rng = np.random.default_rng(1)
+    ids = jnp.asarray(rng.integers(5, 300, (2, 24)))
+    mask = jnp.asarray(np.arange(24)[None, :] < np.array([[24], [15]]))
+    positions, labels = jnp.asarray([[1, 7, 20], [0, 3, 14]]), jnp.asarray(rng.integers(5, 300, (2, 3)))
+    params = nn.meta.unbox(jax.jit(modern.ModernForMaskedLM(base).init)(jax.random.key(0), ids, mask)["params"])
+
+    def results(config):
+        def loss_fn(p):
+            logits = modern.ModernForMaskedLM(config).apply(
+                {"params": p}, ids, mask, masked_lm_positions=positions, deterministic=False,
+                rngs={"dropout": jax.random.key(2)})["mlm_logits"]
+            return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), labels[..., None], -1))
+        return jax.jit(jax.value_and_grad(loss_fn))(params)
+
+    loss, grads = results(base)
+    # "full", the policy that recomputes the most (test_layers.py covers the policies themselves on BERT).
+    remat_loss, remat_grads = results(dataclasses.replace(base, remat="full"))
+    np.testing.assert_allclose(remat_loss, loss, rtol=1e-6)
+    _assert_trees_close(remat_grads, grads, 1e-6, "gradients under remat=full")
+    bf16_loss, bf16_grads = results(dataclasses.replace(base, dtype="bfloat16"))
+    assert jax.tree.leaves(bf16_grads)[0].dtype == jnp.float32  # the parameters (and their gradients) stay float32
+    np.testing.assert_allclose(bf16_loss, loss, rtol=2e-2)
 
 
 def test_modern_pretraining_steps_shard_like_one_device_and_the_masked_lm_loss_falls():

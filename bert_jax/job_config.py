@@ -246,7 +246,8 @@ def _validate_downstream(config, num_devices: int, process_count: int, mode: str
             raise ValueError(f"--mode={mode} reads BERT models; --config.init={config.init} is a modern encoder "
                              "(arch=modern), which --mode=finetune takes. Fix: a BERT checkpoint for --mode=features")
         if config.train.encoder != "tuned":
-            fail("train.encoder", "a modern encoder (arch=modern) is fine-tuned whole. Fix: --config.train.encoder=tuned")
+            fail("train.encoder", "a modern encoder (arch=modern) is fine-tuned whole. "
+                 "Fix: --config.train.encoder=tuned")
     _validate_token_encoder(config, bert_config, fail)
     if data.format == "conll":  # token classification: words and tags, no columns
         _validate_tagging(config, mode, fail)

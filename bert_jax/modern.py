@@ -297,7 +297,8 @@ PRETRAINED_PARAMETERS = ("embeddings", "embeddings_norm", "final_norm", "mlm_tra
 
 
 def is_pretrained_parameter(name: str) -> bool:
-    """bert_jax.model.is_encoder_parameter's counterpart: True for the parameters fine-tuning reads from --config.init."""
+    """bert_jax.model.is_encoder_parameter's counterpart: True for the parameters fine-tuning reads from
+    --config.init."""
     return name in PRETRAINED_PARAMETERS or is_unrolled_layer(name)
 
 

@@ -78,7 +78,8 @@ def modern_model_config(size: str) -> ml_collections.ConfigDict:
     model.attention_dropout_rate = 0.0
     model.initializer_range = 0.02  # stddev of the truncated-normal initialiser
     model.dtype = "float32"  # compute dtype, as for BERT
-    model.classifier_pooling = "cls"  # fine-tuning: a sequence classifier reads [CLS] ("cls") or the rows' mean ("mean")
+    # Fine-tuning: a sequence classifier reads the [CLS] row ("cls") or the mean of the real rows ("mean").
+    model.classifier_pooling = "cls"
     return model
 
 

@@ -17,10 +17,12 @@ import dataclasses
 from typing import Any
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
+import numpy as np
 
 from bert_jax import attention as attention_lib
-from bert_jax.model import (HEADS, HIDDEN, REMAT_POLICIES, BertConfig, EncoderShape, check_compute_choices,
+from bert_jax.model import (HEADS, HIDDEN, REMAT_POLICIES, SCANNED_LAYERS, BertConfig, EncoderShape, check_compute_choices,
                             check_sizes, config_fields, gather_rows, gelu, is_unrolled_layer, lookup)
 
 ARCHITECTURE = "modern"
@@ -49,7 +51,9 @@ class ModernConfig(EncoderShape):
     attention: str = "auto"  # one of bert_jax.attention.ATTENTION_IMPLEMENTATIONS
     remat: str = "none"  # one of bert_jax.model.REMAT_POLICIES
     classifier_pooling: str = "cls"  # a sequence classifier's input: the [CLS] row ("cls") or the rows' mean ("mean")
-    scan_layers: bool = False  # not available: the layers differ (window, rotary base), so no one scan body
+    # Layer 0, then the layers in groups of global_attn_every_n_layers (local ones, then a global one: one nn.scan body
+    # however deep, so TPU compiles do not grow with depth), then the rest unrolled (see encode).
+    scan_layers: bool = False
 
     @classmethod
     def from_config(cls, model_config) -> "ModernConfig":
@@ -73,8 +77,6 @@ class ModernConfig(EncoderShape):
         check_compute_choices(self, fail)
         if self.classifier_pooling not in ("cls", "mean"):
             fail("classifier_pooling", "choose 'cls' or 'mean'")
-        if self.scan_layers is not False:
-            fail("scan_layers", f"arch={ARCHITECTURE!r} unrolls its layers (they differ in window and rotary base)")
         return self
 
     def is_global(self, layer: int) -> bool:
@@ -83,6 +85,11 @@ class ModernConfig(EncoderShape):
     def window(self, layer: int) -> int | None:
         """Layer `layer`'s attention window (rows each side; None: global)."""
         return None if self.is_global(layer) else self.local_attention // 2
+
+    @property
+    def scanned_groups(self) -> int:
+        """How many groups of global_attn_every_n_layers layers (1..n, n+1..2n, ...) scan_layers stacks."""
+        return (self.num_layers - 1) // self.global_attn_every_n_layers if self.scan_layers else 0
 
 
 def _kernel_init(config: ModernConfig, names):
@@ -191,15 +198,76 @@ def encode(config: ModernConfig, input_ids, input_mask, deterministic: bool, pos
                           embedding_init=_kernel_init(config, ("vocab", "embed")), name="embeddings")
     x = lookup(embeddings, input_ids, ("vocab", None))
     x = nn.Dropout(config.dropout_rate)(_layer_norm(config, "embeddings_norm")(x), deterministic=deterministic)
-    layer_class = ModernLayer
-    if config.remat != "none":
-        layer_class = nn.remat(ModernLayer, policy=REMAT_POLICIES[config.remat], static_argnums=(4,))
-    rotations = {theta: rotation(position_ids, theta, config.head_dim)
-                 for theta in {config.global_rope_theta, config.local_rope_theta}}
+    rotations = (rotation(position_ids, config.global_rope_theta, config.head_dim),
+                 rotation(position_ids, config.local_rope_theta, config.head_dim))
+    layer_class = _remat(config, ModernLayer)
+    groups, every = config.scanned_groups, config.global_attn_every_n_layers
     for index in range(config.num_layers):
-        theta = config.global_rope_theta if config.is_global(index) else config.local_rope_theta
-        x = layer_class(config, index, name=f"layer_{index}")(x, attention_mask, rotations[theta], deterministic)
+        if index == 1 and groups:
+            scan = nn.scan(_remat(config, _ScannedGroup, prevent_cse=False), variable_axes={"params": 0},
+                           split_rngs={"params": True, "dropout": True}, in_axes=(nn.broadcast,) * 3,
+                           length=groups, metadata_params={nn.PARTITION_NAME: SCANNED_LAYERS})
+            x, _ = scan(config, name=SCANNED_LAYERS)(x, attention_mask, rotations, deterministic)
+        if 1 <= index <= groups * every:
+            continue  # in the scanned groups
+        x = layer_class(config, index, name=f"layer_{index}")(
+            x, attention_mask, rotations[not config.is_global(index)], deterministic)
     return _layer_norm(config, "final_norm")(x), embeddings
+
+
+def _remat(config: ModernConfig, module_class, **kwargs):
+    # deterministic (argument 4, counting self) is a Python bool that selects the dropout code: static.
+    if config.remat == "none":
+        return module_class
+    return nn.remat(module_class, policy=REMAT_POLICIES[config.remat], static_argnums=(4,), **kwargs)
+
+
+class _ScannedGroup(nn.Module):
+    """Layers 1..n of a group of n = global_attn_every_n_layers (n - 1 local layers, then a global one) as an
+    nn.scan body: every group has the same windows and rotary bases, so one body serves them all. Its members are
+    `member_{j}`; `rotations`: (global, local) rotation()s."""
+
+    config: ModernConfig
+
+    @nn.compact
+    def __call__(self, x, attention_mask, rotations, deterministic: bool):
+        config = self.config
+        for member in range(config.global_attn_every_n_layers):
+            index = member + 1  # the window and rotary base of layer k * n + member + 1, whatever k
+            x = ModernLayer(config, index, name=f"member_{member}")(
+                x, attention_mask, rotations[not config.is_global(index)], deterministic)
+        return x, None
+
+
+def scanned_layer_names(config: ModernConfig) -> dict[int, tuple[int, str]]:
+    """Layer index -> (group, member name) of the layers scan_layers stacks under SCANNED_LAYERS."""
+    every = config.global_attn_every_n_layers
+    return {1 + group * every + member: (group, f"member_{member}")
+            for group in range(config.scanned_groups) for member in range(every)}
+
+
+def unstack_layers(params: dict, config: ModernConfig) -> dict:
+    """Scanned parameters (layer_0, SCANNED_LAYERS, the rest) as unrolled ones (layer_0 .. layer_{L-1})."""
+    if SCANNED_LAYERS not in params:
+        return params
+    stacked = params[SCANNED_LAYERS]
+    layers = {f"layer_{index}": jax.tree.map(lambda leaf, group=group: leaf[group], stacked[member])
+              for index, (group, member) in scanned_layer_names(config).items()}
+    return {**{name: value for name, value in params.items() if name != SCANNED_LAYERS}, **layers}
+
+
+def stack_layers(params: dict, config: ModernConfig) -> dict:
+    """Unrolled parameters in scan_layers' layout (unstack_layers' inverse); as they are without scan_layers."""
+    names = scanned_layer_names(config)
+    if not names:
+        return params
+    every = config.global_attn_every_n_layers
+    stacked = {f"member_{member}": jax.tree.map(
+        lambda *leaves: jnp.stack(leaves) if isinstance(leaves[0], jax.Array) else np.stack(leaves),
+        *[params[f"layer_{1 + group * every + member}"] for group in range(config.scanned_groups)])
+        for member in range(every)}
+    rest = {name: value for name, value in params.items() if not (is_unrolled_layer(name) and int(name[6:]) in names)}
+    return {**rest, SCANNED_LAYERS: stacked}
 
 
 def prediction_head(config: ModernConfig, x):
@@ -299,7 +367,7 @@ PRETRAINED_PARAMETERS = ("embeddings", "embeddings_norm", "final_norm", "mlm_tra
 def is_pretrained_parameter(name: str) -> bool:
     """bert_jax.model.is_encoder_parameter's counterpart: True for the parameters fine-tuning reads from
     --config.init."""
-    return name in PRETRAINED_PARAMETERS or is_unrolled_layer(name)
+    return name in PRETRAINED_PARAMETERS or name == SCANNED_LAYERS or is_unrolled_layer(name)
 
 
 def is_modern(model_config) -> bool:

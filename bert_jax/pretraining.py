@@ -113,7 +113,9 @@ def _init_params(path: str, model_config: model_lib.BertConfig, abstract_params,
         logging.info("--config.init: %s", note)
     if report.initialized:
         logging.warning("--config.init: %s has no %s; initialised afresh", path, ", ".join(report.initialized))
-    if model_config.scan_layers:  # imports are in the unrolled layout (layer_0, layer_1, ...)
+    if isinstance(model_config, modern.ModernConfig):  # imports are in the unrolled layout (layer_0, layer_1, ...)
+        params = modern.stack_layers(params, model_config)
+    elif model_config.scan_layers:
         params = layout.stack_layers(params, model_config.num_layers)
     return jax.device_put(params, params_shardings), path
 

@@ -152,17 +152,20 @@ def test_auto_attention_compiles_the_pallas_kernel_for_the_tpu_from_a_cpu_host()
 
 
 def test_the_modern_encoder_compiles_for_the_tpu_with_the_splash_kernels_local_mask():
-    """arch=modern on the same path (fsdp x tensor = 2 x 2 on a v5e slice): its global and local layers both take the
-    splash kernel (the local one with its LocalMask: a 256-token row, a 128-token window), and the report holds."""
+    """arch=modern on the same path (fsdp x tensor = 2 x 2 on a v5e slice), scanned (4 layers: layer 0, then one
+    group of two local layers and a global one under nn.scan): its global and local layers both take the splash
+    kernel (the local ones with its LocalMask: a 256-token row, a 128-token window), and the report holds."""
     _require_libtpu()
     config = pretrain.get_config("size=tiny,data=synthetic,arch=modern")
-    config.model.vocab_size = 512
+    config.model.vocab_size, config.model.num_layers, config.model.scan_layers = 512, 4, True
     config.data.max_seq_length, config.data.max_predictions_per_seq = 256, 40
     config.mesh.data, config.mesh.fsdp, config.mesh.tensor = 1, 2, 2
     config.train.batch_size = 4
     compiled, report = aot.compile_train_step(config, TOPOLOGY)
     assert report.fits and report.flops_per_device > 0
-    assert compiled.as_text().count('custom_call_target="tpu_custom_call"') >= 2  # forward kernels of both layers
+    text = compiled.as_text()
+    assert "while" in text  # the scanned group
+    assert text.count('custom_call_target="tpu_custom_call"') >= 2  # forward kernels of layer 0 and the scan body
     assert model_lib.target_platform() == "cpu"
 
 
@@ -225,8 +228,6 @@ def test_cli_bad_topology_names_the_flag():
     ([f"--topology={TOPOLOGY}", "--plan_headroom=1.5"], "--plan_headroom=1.5: must be in [0, 1)"),
     ([f"--topology={TOPOLOGY}", "--plan_batch=-256"], "--plan_batch=-256: must be positive"),
     ([f"--topology={TOPOLOGY}", "--plan_saturation=0"], "--plan_saturation=0.0: must be in (0, 1]"),
-    ([f"--topology={TOPOLOGY}", "--config=configs/pretrain.py:size=tiny,arch=modern", "--plan_scan=on"],
-     "--plan_scan=on: --config.model.arch='modern' unrolls its layers; use --plan_scan=off"),
 ])
 def test_cli_plan_refuses_bad_flags_by_name(args, message):
     _require_libtpu()

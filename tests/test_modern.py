@@ -216,6 +216,45 @@ def test_remat_and_bfloat16_keep_the_modern_encoders_loss_and_gradients():
     np.testing.assert_allclose(bf16_loss, loss, rtol=2e-2)
 
 
+def test_scanned_layers_equal_unrolled_ones_and_export_alike():
+    """scan_layers: layer 0, one nn.scan over groups of global_attn_every_n_layers (local, local, global), and the
+    remaining layer unrolled (5 layers: 0 | 1 2 3 | 4): the unrolled weights stacked give the same loss and
+    gradients, the stacked layout is the model's own (leading "layers" axis), and transformers' tensors are the same."""
+    from tests.test_sharding import _assert_trees_close  # pylint: disable=import-outside-toplevel
+    unrolled = modern.modern_config(vocab_size=300, hidden_size=64, num_layers=5, num_heads=4, intermediate_size=96,
+                                    local_attention=8, attention="reference")
+    scanned = dataclasses.replace(unrolled, scan_layers=True)
+    assert scanned.scanned_groups == 1 and sorted(modern.scanned_layer_names(scanned)) == [1, 2, 3]
+    rng = np.random.default_rng(2)
+    ids = jnp.asarray(rng.integers(5, 300, (2, 24)))
+    mask = jnp.asarray(np.arange(24)[None, :] < np.array([[24], [11]]))
+    params = nn.meta.unbox(jax.jit(modern.ModernForMaskedLM(unrolled).init)(jax.random.key(0), ids, mask)["params"])
+    stacked = modern.stack_layers(params, scanned)
+    boxed = jax.eval_shape(lambda: modern.ModernForMaskedLM(scanned).init(jax.random.key(0), ids, mask))["params"]
+    assert sorted(boxed) == sorted(stacked) == ["embeddings", "embeddings_norm", "final_norm", "layer_0", "layer_4",
+                                                "layers", "mlm_layer_norm", "mlm_output_bias", "mlm_transform"]
+    assert boxed["layers"]["member_2"]["attention"]["query"]["kernel"].names == ("layers", "embed", "heads")
+    assert jax.tree.map(lambda leaf: leaf.shape, nn.meta.unbox(boxed)) == jax.tree.map(lambda leaf: leaf.shape,
+                                                                                        stacked)
+    _assert_trees_close(modern.unstack_layers(stacked, scanned), params, 0, "unstacked parameters")
+
+    def loss_and_grads(config, p):
+        def loss_fn(p):
+            logits = modern.ModernForMaskedLM(config).apply({"params": p}, ids, mask)["mlm_logits"]
+            return jnp.mean(jax.nn.logsumexp(logits, -1) * mask)
+        return jax.jit(jax.value_and_grad(loss_fn))(p)
+
+    loss, grads = loss_and_grads(unrolled, params)
+    scanned_loss, scanned_grads = loss_and_grads(scanned, stacked)
+    np.testing.assert_allclose(scanned_loss, loss, rtol=1e-6)
+    _assert_trees_close(modern.unstack_layers(scanned_grads, scanned), grads, 1e-5, "scanned gradients")
+    tensors, scanned_tensors = (interop.params_to_transformers(params, unrolled),
+                                interop.params_to_transformers(stacked, scanned))
+    assert sorted(scanned_tensors) == sorted(tensors)
+    for name, tensor in tensors.items():
+        np.testing.assert_array_equal(scanned_tensors[name], tensor, err_msg=name)
+
+
 def test_modern_pretraining_steps_shard_like_one_device_and_the_masked_lm_loss_falls():
     """The shared train step (masked LM only: no NSP terms) over a 2x2x2 mesh (FSDP and tensor parallelism, BERT's
     mesh rules) gives one device's losses and parameters; on a repeated batch the loss falls."""
@@ -246,7 +285,9 @@ def test_the_recipe_and_its_refusals_name_the_flag():
     with pytest.raises(ValueError, match=r"--config.model.arch='modren': choose 'bert' or 'modern'"):
         job_config.validate(config, "train", 8)
     config.model.arch, config.model.scan_layers = "modern", True
-    with pytest.raises(ValueError, match="--config.model.scan_layers=True: arch='modern' unrolls its layers"):
+    job_config.validate(config, "train", 8)
+    config.model.classifier_pooling = "max"
+    with pytest.raises(ValueError, match="--config.model.classifier_pooling='max': choose 'cls' or 'mean'"):
         job_config.validate(config, "train", 8)
     with pytest.raises(ValueError, match="unknown arch 'gpt'"):
         pretrain.get_config("arch=gpt")

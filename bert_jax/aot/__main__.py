@@ -12,7 +12,6 @@ from ml_collections import config_flags
 
 from bert_jax import aot
 from bert_jax import model as model_lib
-from bert_jax import modern
 from bert_jax import runtime
 from bert_jax.aot import plan as plan_lib
 from bert_jax.aot import planner
@@ -85,12 +84,6 @@ def _plan() -> None:
         raise app.UsageError(f"--plan_remat={','.join(FLAGS.plan_remat)} must name policies of "
                              f"{sorted(model_lib.REMAT_POLICIES)} and --plan_scan={','.join(FLAGS.plan_scan)} "
                              "settings of off,on")
-    plan_scans = FLAGS.plan_scan
-    if modern.is_modern(FLAGS.config.model):  # its layers differ (window, rotary base): never scanned
-        if "off" not in plan_scans:
-            raise app.UsageError(f"--plan_scan={','.join(plan_scans)}: --config.model.arch='modern' unrolls its "
-                                 "layers; use --plan_scan=off")
-        plan_scans = ["off"]
     meshes = []
     for mesh in FLAGS.plan_meshes:
         if not re.fullmatch(r"\d+x\d+x\d+", mesh):
@@ -100,7 +93,7 @@ def _plan() -> None:
         spec = plan_lib.PlanSpec(
             FLAGS.config, FLAGS.topology[0], FLAGS.num_slices, headroom=FLAGS.plan_headroom,
             hbm_bytes=int(FLAGS.plan_hbm_gib * aot.GIB), remats=tuple(FLAGS.plan_remat),
-            scans=tuple(scans[scan] for scan in plan_scans), meshes=tuple(meshes) or None,
+            scans=tuple(scans[scan] for scan in FLAGS.plan_scan), meshes=tuple(meshes) or None,
             resolution=FLAGS.plan_resolution, saturation=FLAGS.plan_saturation, target_batch=FLAGS.plan_batch)
         planner.run(spec, FLAGS.plan_cache_dir)
     except ValueError as error:

@@ -79,8 +79,10 @@ def _checkpoint_shapes(step_directory) -> dict:
     params = checkpoint_lib.state_metadata(str(step_directory))["train_state"]["params"]
     if "embeddings_norm" in params:  # bert_jax.modern's parameter tree
         vocab_size, hidden_size = params["embeddings"]["embedding"].shape
+        stacked = params.get(model_lib.SCANNED_LAYERS, {})  # scan_layers: groups of members, a leading group axis
+        scanned = len(stacked) * (stacked["member_0"]["mlp_norm"]["scale"].shape[0] if stacked else 0)
         return {"arch": modern.ARCHITECTURE, "vocab_size": int(vocab_size), "hidden_size": int(hidden_size),
-                "num_layers": sum(1 for name in params if model_lib.is_unrolled_layer(name)),
+                "num_layers": sum(1 for name in params if model_lib.is_unrolled_layer(name)) + int(scanned),
                 "intermediate_size": int(params["layer_0"]["mlp_input"]["kernel"].shape[-1])}
     embeddings = params["embeddings"]
     vocab_size, hidden_size = embeddings["word_embeddings"]["embedding"].shape

@@ -180,6 +180,7 @@ def params_to_transformers(params: dict, config: modern.ModernConfig) -> dict:
     def weight(dense):
         return np.ascontiguousarray(np.asarray(dense["kernel"], np.float32).T)
 
+    params = modern.unstack_layers(params, config)
     embedding = np.asarray(params["embeddings"]["embedding"], np.float32)
     tensors = {"model.embeddings.tok_embeddings.weight": embedding,
                "model.embeddings.norm.weight": np.asarray(params["embeddings_norm"]["scale"], np.float32),
@@ -226,7 +227,7 @@ def export_hf_task(params, config: modern.ModernConfig, output_dir: str, task: s
     loads, head and all, with its labels (config.json's id2label / label2id; none for "qa") and `tokenizer`'s
     files, as export_hf writes them. Returns output_dir."""
     width = 2 if task == "qa" else len(label_names)
-    kernel = layout.host_params(params).get("classifier/kernel")
+    kernel = params["classifier"]["kernel"] if "classifier" in params else None
     if kernel is None or kernel.shape[1] != width:
         raise ValueError(f"export_hf_task: the parameters have no classifier of {width} outputs (classifier/kernel: "
                          f"{None if kernel is None else kernel.shape}). Fix: pass a fine-tuned model's parameters "
@@ -239,7 +240,8 @@ def export_hf_task(params, config: modern.ModernConfig, output_dir: str, task: s
 
 
 def _export(params, config: modern.ModernConfig, output_dir: str, tokenizer, extra: dict) -> str:
-    nested = layout.unflatten(layout.host_params(params))  # float32 numpy on the host, gathered if sharded
+    # Unrolled first (host_params knows BERT's scanned layout only), then float32 numpy on the host, gathered.
+    nested = layout.unflatten(layout.host_params(modern.unstack_layers(params, config)))
     tokenizer = layout.as_tokenizer(tokenizer)
     if tokenizer is not None and tokenizer.kind not in ("wordpiece", tokenization.TokenizerJson.kind):
         raise ValueError(f"export_hf: a {tokenizer.kind} tokenizer cannot be written as transformers' tokenizer "

@@ -22,8 +22,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from bert_jax import attention as attention_lib
-from bert_jax.model import (HEADS, HIDDEN, REMAT_POLICIES, SCANNED_LAYERS, BertConfig, EncoderShape, check_compute_choices,
-                            check_sizes, config_fields, gather_rows, gelu, is_unrolled_layer, lookup)
+from bert_jax.model import (HEADS, HIDDEN, REMAT_POLICIES, SCANNED_LAYERS, BertConfig, EncoderShape,
+                            check_compute_choices, check_sizes, config_fields, gather_rows, gelu, is_unrolled_layer,
+                            lookup)
 
 ARCHITECTURE = "modern"
 

@@ -10,7 +10,8 @@ of dense (no bias), GELU and LayerNorm before the decoder tied to the embeddings
 
 Query, key and value (and the MLP's input and gate) are separate kernels here, each sharded over heads (mlp) by
 tensor parallelism; transformers keeps each triple (pair) as one matrix, which bert_jax.interop.modern concatenates
-and splits. Parameters carry the logical axis names of bert_jax.model, so the mesh rules are BERT's.
+and splits. Parameters carry the logical axis names of bert_jax.model, so the mesh rules are BERT's. Task heads
+(ModernFor{Sequence,Token}Classification, ModernForQuestionAnswering) are transformers' ModernBert*For* classes.
 """
 
 import dataclasses
@@ -184,8 +185,9 @@ class ModernLayer(nn.Module):
 
 def encode(config: ModernConfig, input_ids, input_mask, deterministic: bool, position_ids=None,
            attention_mask=None):
-    """Embeddings, every layer and the final norm, created as `embeddings`, `embeddings_norm`, `layer_{i}` and
-    `final_norm` in the CALLING compact module. Returns (sequence_output, the word-embedding module).
+    """Embeddings, every layer and the final norm, created as `embeddings`, `embeddings_norm`, `layer_{i}` (with
+    scan_layers, the grouped layers as one nn.scan named `layers`: see ModernConfig.scan_layers) and `final_norm` in
+    the CALLING compact module. Returns (sequence_output, the word-embedding module).
     Packed rows give `position_ids` (default 0..length-1) and `attention_mask` (a SegmentMask; default: input_mask
     as a padding mask)."""
     if input_ids.shape[1] > config.max_position_embeddings:

@@ -99,21 +99,21 @@ def import_hf(path: str, *, seed: int = 0, check_vocab: bool = True):
     tensors = {(f"model.{name}" if name.split(".")[0] in ("embeddings", "layers", "final_norm") else name): value
                for name, value in raw.items()}
     report = layout.ImportReport(source=weights_file, format="huggingface")
-    fresh = params_to_transformers(_init_params(config, seed), config)  # every tensor's shape, and missing heads
-    del fresh["decoder.weight"]  # tied to the embeddings
-    for name, value in fresh.items():
+    shapes = _tensor_shapes(config)
+    for name, shape in shapes.items():
         if name not in tensors:
             if name not in _HEAD_TENSORS:
                 raise ValueError(f"{weights_file}: tensor {name} is missing (looked for it with and without the "
                                  "'model.' prefix); it is part of every ModernBERT encoder")
             report.initialized.append(name)
-            tensors[name] = value
-        elif tuple(np.shape(tensors[name])) != value.shape:
+        elif tuple(np.shape(tensors[name])) != shape:
             raise ValueError(f"{weights_file}: tensor {name} has shape {tuple(np.shape(tensors[name]))} but "
-                             f"{config_path} implies {value.shape}. Fix: use the config that belongs to these weights")
+                             f"{config_path} implies {shape}. Fix: use the config that belongs to these weights")
     if report.initialized:
+        fresh = params_to_transformers(_init_params(config, seed), config)
+        tensors.update({name: fresh[name] for name in report.initialized})
         report.notes.append(f"initialised {len(report.initialized)} head tensors absent in the source (seed {seed})")
-    report.ignored = sorted(set(tensors) - set(fresh) - {"decoder.weight"})
+    report.ignored = sorted(set(tensors) - set(shapes) - {"decoder.weight"})
     params = params_from_transformers(tensors, config)
     vocab_file = huggingface.tokenizer_beside(config_path)
     if vocab_file is not None:
@@ -123,6 +123,21 @@ def import_hf(path: str, *, seed: int = 0, check_vocab: bool = True):
             raise ValueError(f"{vocab_file} has {entries} entries but {config_path} has vocab_size="
                              f"{config.vocab_size}: not this model's vocabulary")
     return config, params, report
+
+
+def _tensor_shapes(config: modern.ModernConfig) -> dict:
+    """ModernBertForMaskedLM's tensor shapes for `config`, the tied decoder weight left out."""
+    hidden, inner, vocab = config.hidden_size, config.intermediate_size, config.vocab_size
+    shapes = {"model.embeddings.tok_embeddings.weight": (vocab, hidden), "model.embeddings.norm.weight": (hidden,),
+              "model.final_norm.weight": (hidden,), "head.dense.weight": (hidden, hidden),
+              "head.norm.weight": (hidden,), "decoder.bias": (vocab,)}
+    for index in range(config.num_layers):
+        names = _layer_names(index)
+        shapes.update({names["wqkv"]: (3 * hidden, hidden), names["wo"]: (hidden, hidden), names["mlp_norm"]: (hidden,),
+                       names["wi"]: (2 * inner, hidden), names["mlp_wo"]: (hidden, inner)})
+        if index:
+            shapes[names["attn_norm"]] = (hidden,)
+    return shapes
 
 
 def _init_params(config: modern.ModernConfig, seed: int) -> dict:

@@ -23,15 +23,15 @@ from configs import pretrain
 from tests import helpers
 from tests import test_metrics
 
-# The tiny preset at small shapes: compiled steps, steps and checkpoints (about 2 MB, 47 MB at the preset's vocab)
-# are cheap, and what resuming needs restored is all there. A schedule that does not depend on train.num_steps
-# (optim.schedule_steps), so that the interrupted runs can be started with no end in sight (no race between a signal
-# and the run's last step) and finished, like the references, at a step chosen afterwards, all compiling the same
-# step (served by the run's compilation cache after the first).
+# The tiny preset at small shapes and one layer: compiled steps, steps and checkpoints are cheap, and what resuming
+# needs restored is all there (a second layer would add only compile time). A schedule that does not depend on
+# train.num_steps (optim.schedule_steps), so that the interrupted runs can be started with no end in sight (no race
+# between a signal and the run's last step) and finished, like the references, at a step chosen afterwards, all
+# compiling the same step (served by the run's compilation cache after the first).
 COMMON = [
     "--config.train.batch_size=8", "--config.train.log_every=1", "--config.mesh.fsdp=2", "--config.mesh.tensor=2",
     "--config.model.vocab_size=512", "--config.model.max_position_embeddings=64", "--config.data.max_seq_length=32",
-    "--config.data.max_predictions_per_seq=5", "--config.optim.schedule_steps=100",
+    "--config.data.max_predictions_per_seq=5", "--config.optim.schedule_steps=100", "--config.model.num_layers=1",
 ]
 ENDLESS = ["--config.train.num_steps=100000"]
 # Two processes x 4 devices form one (2, 2, 2) mesh.

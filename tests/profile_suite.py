@@ -8,7 +8,8 @@ Each test's setup, call and teardown seconds, the seconds its own process spent 
 to MLIR and the XLA compile or the persistent cache's fetch, from `jax.monitoring`'s duration events), the persistent
 compilation cache's hits and misses there (tests/compile_cache.py), the programs it compiled (by the function's name:
 how many times, how many seconds) and the processes it started (driver subprocesses compile in their own process:
-their time shows as run time).
+their time shows as run time), and the CPU seconds of the test's process and of the processes it started and waited
+for (what the run's cores did; above the seconds where the test ran on several threads, below where it waited).
 
 Print (one profile, or two side by side):
 
@@ -46,6 +47,7 @@ class _Recorder:
 
     def reset(self):
         self.compile_s, self.processes, self.cache = 0.0, 0, {"hits": 0, "misses": 0}
+        self.times = os.times()
         self.programs = {}  # function name -> [compiles, seconds]
 
     def on_duration(self, event, duration, **kwargs):
@@ -99,7 +101,11 @@ def pytest_runtest_logstart(nodeid, location):
 def pytest_runtest_makereport(item, call):
     # Runs in the process that ran the test (an xdist worker); user_properties travel with the report.
     if _RECORDER.config is not None and call.when == "teardown":
+        now, then = os.times(), _RECORDER.times
         item.user_properties.append(("profile", {"compile_s": round(_RECORDER.compile_s, 3),
+                                                 "cpu_s": round(now.user + now.system - then.user - then.system, 3),
+                                                 "children_cpu_s": round(now.children_user + now.children_system
+                                                                         - then.children_user - then.children_system, 3),
                                                  "processes": _RECORDER.processes, "cache": dict(_RECORDER.cache),
                                                  "programs": dict(_RECORDER.programs)}))
 
@@ -139,21 +145,29 @@ def _module(nodeid):
 
 
 def _by_module(tests):
-    modules = collections.defaultdict(lambda: {"seconds": 0.0, "compile_s": 0.0, "tests": 0, "processes": 0})
+    modules = collections.defaultdict(lambda: {"seconds": 0.0, "compile_s": 0.0, "cpu_s": 0.0, "tests": 0,
+                                               "processes": 0})
     for nodeid, entry in tests.items():
         m = modules[_module(nodeid)]
         m["seconds"] += entry["seconds"]
         m["compile_s"] += entry.get("compile_s", 0.0)
         m["processes"] += entry.get("processes", 0)
+        m["cpu_s"] += _cpu(entry)  # the processes' and their children's together
         m["tests"] += 1
     return modules
 
 
+def _cpu(entry):
+    """CPU seconds of a test's process and the processes it waited for (absent in older profiles: 0)."""
+    return entry.get("cpu_s", 0.0) + entry.get("children_cpu_s", 0.0)
+
+
 def _table(title, rows, top):
     print(f"\n{title}")
-    print(f"{'seconds':>9} {'compile':>8} {'run':>8} {'procs':>5} {'tests':>5}  name")
+    print(f"{'seconds':>9} {'compile':>8} {'run':>8} {'cpu':>8} {'procs':>5} {'tests':>5}  name")
     for name, r in sorted(rows.items(), key=lambda kv: -kv[1]["seconds"])[:top]:
         print(f"{r['seconds']:9.1f} {r.get('compile_s', 0.0):8.1f} {r['seconds'] - r.get('compile_s', 0.0):8.1f} "
+              f"{_cpu(r):8.1f} "
               f"{r.get('processes', 0):5d} {r.get('tests', 1):5d}  {name}")
 
 
@@ -181,10 +195,14 @@ def _summary(label, data):
     outcomes = collections.Counter(e["outcome"] for e in tests.values())
     hits = sum(e.get("cache", {}).get("hits", 0) for e in tests.values())
     misses = sum(e.get("cache", {}).get("misses", 0) for e in tests.values())
+    cpu_s = sum(_cpu(e) for e in tests.values())
     print(f"{label}: {len(tests)} tests ({dict(outcomes)}), wall {data.get('wall_s', 0):.0f} s, "
           f"{total:.0f} worker-seconds of which {compile_s:.0f} compiling in the test's process, "
           f"{sum(e.get('processes', 0) for e in tests.values())} subprocesses started; persistent compilation cache "
           f"in the tests' processes: {hits} hits, {misses} misses")
+    if cpu_s:
+        print(f"{label}: {cpu_s:.0f} CPU-seconds in the tests' processes and the processes they waited for "
+              f"({cpu_s / max(total, 1e-9):.2f} per worker-second)")
 
 
 def main(argv=None):

@@ -22,6 +22,9 @@ pytestmark = pytest.mark.filterwarnings(r"ignore:the load_module\(\) method is d
 # Small enough to compile and run in seconds on 2 cores, sharded 2 x 2 x 2 over 8 fake CPU devices.
 COMMON = ["--config.train.batch_size=8", "--config.mesh.fsdp=2", "--config.mesh.tensor=2",
           "--config.model.max_position_embeddings=128"]
+# The driver tests of data sources and modes, with one encoder layer: depth is no part of what they show, and each
+# layer adds to every compile (the README's own commands keep the preset's two).
+SHALLOW = [*COMMON, "--config.model.num_layers=1"]
 
 
 def _run(args, tmp_path, program=(sys.executable, "-m", "bert_jax.main")):
@@ -78,7 +81,7 @@ def test_driver_trains_on_original_tfrecords_and_evaluates(tmp_path, caplog, dri
                 "--config.train.num_steps=8", "--config.train.log_every=4", "--config.train.eval_every=8",
                 "--config.train.eval_steps=3", "--config.optim.learning_rate=1e-3", "--config.optim.warmup_steps=2",
                 f"--config.data.input_files={fixtures}/sample_seq128.tfrecord",
-                f"--config.data.eval_input_files={fixtures}/sample_seq128_wwm.tfrecord", *COMMON)
+                f"--config.data.eval_input_files={fixtures}/sample_seq128_wwm.tfrecord", *SHALLOW)
     assert "step 8/8" in log
     assert "mesh {'dcn_data': 1, 'data': 2, 'fsdp': 2, 'tensor': 2} over 8 devices" in log
     metrics = _metrics(tmp_path)
@@ -99,7 +102,7 @@ def test_driver_trains_on_original_tfrecords_and_evaluates(tmp_path, caplog, dri
 def test_driver_bad_input_fails_with_a_clear_message(tmp_path, caplog, driver_flags, args, error, message):
     with pytest.raises(error) as raised:
         _main(driver_flags, caplog, f"--workdir={tmp_path}", f"--config={PRETRAIN}:size=tiny,data=tfrecord",
-              "--config.train.num_steps=2", *COMMON, *args)
+              "--config.train.num_steps=2", *SHALLOW, *args)
     assert message in str(raised.value)
 
 
@@ -273,7 +276,7 @@ def test_run_on_a_text_corpus_with_the_original_vocab_and_whole_word_masking(tmp
                 f"--config.data.corpus={helpers.FIXTURES}/sample_text.txt",
                 f"--config.data.vocab_file={helpers.FIXTURES}/vocab_uncased.txt",
                 "--config.data.whole_word_mask=True", "--config.data.eval_every_nth_document=0",
-                "--config.data.max_seq_length=32", "--config.data.max_predictions_per_seq=5", *COMMON)
+                "--config.data.max_seq_length=32", "--config.data.max_predictions_per_seq=5", *SHALLOW)
     assert "step 3/3" in log
     ready = json.loads((tmp_path / "data" / "READY.json").read_text())
     assert ready["special_ids"] == [0, 101, 102, 103]
@@ -290,7 +293,7 @@ def test_driver_finetunes_then_extracts_features(tmp_path, caplog, driver_flags)
               f"--config.data.train_file={train_file}", f"--config.data.eval_file={train_file}",
               "--config.data.text_columns=review", "--config.data.label_column=sentiment",
               "--config.data.max_seq_length=16", "--config.model.vocab_size=30592", "--config.train.batch_size=8",
-              *COMMON[1:]]
+              *SHALLOW[1:]]
     _main(driver_flags, caplog, "--mode=finetune", *common, "--config.train.num_steps=3",
           "--config.train.log_every=3")
     assert "eval_accuracy" in _metrics(tmp_path / "work")[-1]

@@ -18,6 +18,11 @@ from tests import compile_cache as _compile_cache  # noqa: E402
 
 _compile_cache.set_up()
 
+# The libtpu option the driver adds for train.dropout_rng=auto (runtime.set_libtpu_options), set in every process of
+# the run as the driver sets it in its own: JAX's compilation cache key hashes LIBTPU_INIT_ARGS, so without it a
+# program compiled by a driver subprocess (or after an in-process driver run) would be compiled again elsewhere.
+os.environ["LIBTPU_INIT_ARGS"] = _runtime.with_libtpu_options(os.environ.get("LIBTPU_INIT_ARGS", ""), "auto")
+
 # TensorFlow's import without Keras, as the driver's (runtime.set_up_jax): the workers and every driver subprocess.
 os.environ.setdefault(*_runtime.TF_WITHOUT_KERAS)
 

@@ -25,11 +25,12 @@ from tests import test_resume
 from tests.test_resume import kill_leftover_drivers  # noqa: F401  (autouse: the drivers started are killed)
 
 FIXTURES = f"{helpers.ROOT}/tests/fixtures"
-# A schedule that does not depend on train.num_steps (optim.schedule_steps), so that the interrupted runs can be
-# started with no end in sight and finished, like the reference, at a step chosen afterwards, all compiling the same
-# step (served by the run's compilation cache after the first).
+# One encoder layer: what resuming needs restored is all there, and a second layer would add only compile and step
+# time. A schedule that does not depend on train.num_steps (optim.schedule_steps), so that the interrupted runs can
+# be started with no end in sight and finished, like the reference, at a step chosen afterwards, all compiling the
+# same step (served by the run's compilation cache after the first).
 COMMON = ["--config.train.batch_size=16", "--config.train.log_every=1", "--config.optim.warmup_steps=2",
-          "--config.optim.schedule_steps=100", "--config.checkpoint.every_steps=3"]
+          "--config.optim.schedule_steps=100", "--config.checkpoint.every_steps=3", "--config.model.num_layers=1"]
 TASKS = {
     "tokens": ["--config=configs/finetune.py:task=tokens", f"--config.data.train_file={FIXTURES}/tagging_task/train.txt",
                f"--config.data.eval_file={FIXTURES}/tagging_task/dev.txt", "--config.data.max_seq_length=32"],

@@ -91,14 +91,30 @@ def _assert_the_export_loads_in_transformers(driver, workdir, pairs):
         np.testing.assert_allclose(np.asarray(ours[name])[real], expected[real], atol=1e-4 * np.abs(expected).max())
 
 
-def _qa_config(tmp_path, train, dev=None):
+def _qa_config(tmp_path, train, dev=None, vocab=None):
+    """Two steps of 16 rows of 64 pieces; `vocab`: (a vocabulary, its row count), else the whole uncased one. The
+    jobs run below with squad_pieces' vocabulary compile the same train step (the compilation cache serves all but
+    the first)."""
     config = finetune_configs.get_config("task=qa")
     config.data.vocab_file, config.data.max_seq_length = f"{helpers.FIXTURES}/vocab_uncased.txt", 64
+    if vocab:
+        config.data.vocab_file, config.model.vocab_size = vocab
     config.data.max_query_length = 16
     config.data.train_file = str(train)
     config.data.eval_file = str(dev) if dev else ""
-    config.train.num_steps = 1
+    config.train.num_steps, config.train.batch_size = 2, 16
     return config
+
+
+@pytest.fixture(scope="module")
+def squad_pieces(tmp_path_factory):
+    """The uncased vocabulary's pieces of the generated SQuAD data the jobs below train and score on (the same
+    tokens; test_finetune.vocab_of_pieces): 128 embedding rows instead of 30522 make a step and a checkpoint cheap."""
+    from tests.test_squad import squad_examples, squad_v2_examples  # pylint: disable=import-outside-toplevel
+    texts = [text for data in (squad_examples(32, 0), squad_v2_examples(48, 0), squad_v2_examples(30, 1))
+             for paragraph in data["data"][0]["paragraphs"]
+             for text in (paragraph["context"], *(qa["question"] for qa in paragraph["qas"]))]
+    return vocab_of_pieces(texts, str(tmp_path_factory.mktemp("squad_pieces")))
 
 
 def _squad_file(path, context, answer, answer_start, version="1.1", impossible=False):
@@ -133,16 +149,15 @@ def test_question_answering_input_errors_name_the_file_and_the_fix(tmp_path):
 
 
 @pytest.mark.parametrize("threshold, answered", [(-1e9, False), (1e9, True)])
-def test_squad_v2_predicts_no_answer_by_the_null_threshold(tmp_path, threshold, answered):
+def test_squad_v2_predicts_no_answer_by_the_null_threshold(tmp_path, threshold, answered, squad_pieces):
     """SQuAD v2.0 through the job: null_odds.json holds every held-out question; a threshold below any score gap
     answers "" everywhere (exact match = the share of unanswerable questions, 1 in 3), one above it never does."""
     from tests.test_squad import squad_v2_examples  # pylint: disable=import-outside-toplevel
     train, dev = tmp_path / "train.json", tmp_path / "dev.json"
     train.write_text(json.dumps(squad_v2_examples(48, 0)))
     dev.write_text(json.dumps(squad_v2_examples(30, 1)))
-    config = _qa_config(tmp_path, train, dev)
+    config = _qa_config(tmp_path, train, dev, squad_pieces)
     config.data.version_2_with_negative, config.data.null_score_diff_threshold = True, threshold
-    config.train.num_steps, config.train.batch_size = 2, 16
     metrics = helpers.run_finetune(config, str(tmp_path / "work"))
     predictions = json.loads((tmp_path / "work" / tasks.qa.PREDICTIONS_FILE).read_text())
     null_odds = json.loads((tmp_path / "work" / "null_odds.json").read_text())
@@ -152,13 +167,13 @@ def test_squad_v2_predicts_no_answer_by_the_null_threshold(tmp_path, threshold, 
         assert metrics["eval_exact_match"] == pytest.approx(10 / 30)
 
 
-def test_a_question_answerer_initialises_a_sentence_classifier_with_a_fresh_pooler(tmp_path):
+def test_a_question_answerer_initialises_a_sentence_classifier_with_a_fresh_pooler(tmp_path, squad_pieces):
     """--config.init of a fine-tuned directory without a pooler (question answering) reads its encoder exactly; the
     sentence classifier's pooler starts fresh instead of the run stopping."""
     from tests.test_squad import squad_examples  # pylint: disable=import-outside-toplevel
     train = tmp_path / "train.json"
     train.write_text(json.dumps(squad_examples(32, 0)))
-    config = _qa_config(tmp_path, train)
+    config = _qa_config(tmp_path, train, vocab=squad_pieces)
     helpers.run_finetune(config, str(tmp_path / "qa"))
     classifier = finetune_configs.get_config()
     classifier.init = str(tmp_path / "qa" / finetune.FINETUNED_SUBDIR)

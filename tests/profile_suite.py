@@ -102,10 +102,10 @@ def pytest_runtest_makereport(item, call):
     # Runs in the process that ran the test (an xdist worker); user_properties travel with the report.
     if _RECORDER.config is not None and call.when == "teardown":
         now, then = os.times(), _RECORDER.times
+        own = (now.user + now.system) - (then.user + then.system)
+        children = (now.children_user + now.children_system) - (then.children_user + then.children_system)
         item.user_properties.append(("profile", {"compile_s": round(_RECORDER.compile_s, 3),
-                                                 "cpu_s": round(now.user + now.system - then.user - then.system, 3),
-                                                 "children_cpu_s": round(now.children_user + now.children_system
-                                                                         - then.children_user - then.children_system, 3),
+                                                 "cpu_s": round(own, 3), "children_cpu_s": round(children, 3),
                                                  "processes": _RECORDER.processes, "cache": dict(_RECORDER.cache),
                                                  "programs": dict(_RECORDER.programs)}))
 

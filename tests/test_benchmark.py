@@ -19,6 +19,17 @@ from bert_jax import runtime
 from tests.helpers import ROOT
 
 
+def _shell_env() -> dict:
+    """A user's shell for a benchmark program: no JAX_PLATFORMS, one CPU device, none of the suite's XLA flags but
+    its choice of XLA:CPU's older emitters at -O0, with which the steps compile faster (tests/conftest.py)."""
+    env = {name: value for name, value in os.environ.items() if name not in ("JAX_PLATFORMS", "XLA_FLAGS")}
+    emitters = [word for word in os.environ.get("XLA_FLAGS", "").split()
+                if word.startswith("--xla_cpu_use_fusion_emitters=")]
+    if emitters:
+        env["XLA_FLAGS"] = " ".join(emitters)
+    return env
+
+
 def test_run_reports_jax_and_torch_steps_with_consistent_flops():
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
@@ -198,15 +209,15 @@ def test_matmul_bound_line_says_when_the_matmuls_alone_took_longer_than_the_step
 def test_the_program_runs_on_the_cpu_without_libtpus_start_up_noise():
     # JAX_PLATFORMS unset, as a user's shell leaves it: with libtpu installed (the test extra) and no TPU attached,
     # the program picks the CPU itself before JAX starts, instead of letting libtpu try and fail loudly.
-    env = {name: value for name, value in os.environ.items() if name not in ("JAX_PLATFORMS", "XLA_FLAGS")}
+    env = _shell_env()
     result = subprocess.run(
         [sys.executable, "-m", "bert_jax.benchmarks.step", "--size=tiny", "--seq_length=16", "--batch_size=2",
          "--steps=1", "--warmup=0", "--matmul_size=64", "--matmuls=off", "--compare_torch=false"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=240, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "devices: 1 x cpu" in result.stdout, result.stdout
-    # The driver's XLA:CPU options (bert_jax.runtime), set by the program before JAX started.
-    assert f"XLA_FLAGS: {runtime.with_cpu_xla_flags('')}\n" in result.stdout, result.stdout
+    # The driver's XLA:CPU options (bert_jax.runtime) added to the user's own, set by the program before JAX started.
+    assert f"XLA_FLAGS: {runtime.with_cpu_xla_flags(env.get('XLA_FLAGS', ''))}\n" in result.stdout, result.stdout
     for noise in ("Failed to find host bounds for accelerator type", "Logging before InitGoogle()",
                   "TPU_ACCELERATOR_TYPE", "Unable to initialize backend 'tpu'"):
         assert noise not in result.stderr, result.stderr[-3000:]
@@ -215,12 +226,11 @@ def test_the_program_runs_on_the_cpu_without_libtpus_start_up_noise():
 def test_finetune_benchmark_times_our_job_and_transformers_on_the_same_task():
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    env = {name: value for name, value in os.environ.items() if name not in ("JAX_PLATFORMS", "XLA_FLAGS")}
     result = subprocess.run(
         [sys.executable, "-m", "bert_jax.benchmarks.finetune", "--steps=4", "--log_every=2", "--rounds=1",
          "--examples=64", "--layers=1", "--hidden=32", "--heads=2", "--intermediate=64", "--vocab_size=300",
          "--seq_length=16", "--batch_size=8"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=280, check=False)
+        cwd=ROOT, env=_shell_env(), capture_output=True, text=True, timeout=280, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.splitlines()
     for side in ("jax", "torch"):
@@ -250,13 +260,12 @@ def test_finetune_benchmark_task_labels_follow_the_keyword(tmp_path):
 def test_finetune_benchmark_times_token_classification_and_question_answering(task, tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    env = {name: value for name, value in os.environ.items() if name not in ("JAX_PLATFORMS", "XLA_FLAGS")}
     out = tmp_path / "result.json"
     result = subprocess.run(
         [sys.executable, "-m", "bert_jax.benchmarks.finetune", f"--task={task}", "--steps=4", "--log_every=2",
          "--rounds=1", "--examples=32", "--layers=1", "--hidden=32", "--heads=2", "--intermediate=64",
          "--vocab_size=300", "--seq_length=32", "--batch_size=8", f"--json_out={out}"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=280, check=False)
+        cwd=ROOT, env=_shell_env(), capture_output=True, text=True, timeout=280, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.startswith(f"task: {task}, 32 ")
     runs = json.loads(out.read_text())

@@ -25,6 +25,22 @@ COMMON = ["--config.train.batch_size=8", "--config.mesh.fsdp=2", "--config.mesh.
 # The driver tests of data sources and modes, with one encoder layer: depth is no part of what they show, and each
 # layer adds to every compile (the README's own commands keep the preset's two).
 SHALLOW = [*COMMON, "--config.model.num_layers=1"]
+# The two runs on the original vocabulary (30522 words, 30592 rows: padded to a multiple of 128) share the model,
+# optimizer and 128-token rows: they compile one train step, which the run's compilation cache serves the second.
+ORIGINAL_VOCAB_STEP = [*SHALLOW, "--config.optim.learning_rate=1e-3", "--config.optim.warmup_steps=2",
+                       "--config.optim.schedule_steps=8"]
+# The session's trained run (tests/_session.py) trains helpers.tiny_config on a 2x2x2 mesh; a driver run given these
+# fields of it compiles the same programs, which the run's compilation cache (tests/compile_cache.py) then serves.
+TRAINED_RUN = helpers.tiny_config((2, 2, 2))
+STEP_FIELDS = ("model.dropout_rate", "model.attention_dropout_rate", "optim.learning_rate", "optim.warmup_steps",
+               "optim.schedule_steps", "train.batch_size", "mesh.data", "mesh.fsdp", "mesh.tensor")
+SHAPE_FIELDS = ("model.vocab_size", "model.max_position_embeddings", "data.max_seq_length",
+                "data.max_predictions_per_seq")
+
+
+def _trained_run_flags(*fields):
+    """--config.FIELD=VALUE of the trained run's value of each field."""
+    return [f"--config.{field}={TRAINED_RUN[field.split('.')[0]][field.split('.')[1]]}" for field in fields]
 
 
 def _run(args, tmp_path, program=(sys.executable, "-m", "bert_jax.main")):
@@ -79,9 +95,9 @@ def test_driver_trains_on_original_tfrecords_and_evaluates(tmp_path, caplog, dri
     fixtures = helpers.FIXTURES
     log = _main(driver_flags, caplog, f"--workdir={tmp_path}", f"--config={PRETRAIN}:size=tiny,data=tfrecord",
                 "--config.train.num_steps=8", "--config.train.log_every=4", "--config.train.eval_every=8",
-                "--config.train.eval_steps=3", "--config.optim.learning_rate=1e-3", "--config.optim.warmup_steps=2",
+                "--config.train.eval_steps=3", "--config.model.vocab_size=30592",
                 f"--config.data.input_files={fixtures}/sample_seq128.tfrecord",
-                f"--config.data.eval_input_files={fixtures}/sample_seq128_wwm.tfrecord", *SHALLOW)
+                f"--config.data.eval_input_files={fixtures}/sample_seq128_wwm.tfrecord", *ORIGINAL_VOCAB_STEP)
     assert "step 8/8" in log
     assert "mesh {'dcn_data': 1, 'data': 2, 'fsdp': 2, 'tensor': 2} over 8 devices" in log
     metrics = _metrics(tmp_path)
@@ -92,17 +108,21 @@ def test_driver_trains_on_original_tfrecords_and_evaluates(tmp_path, caplog, dri
 
 
 @pytest.mark.parametrize("args, error, message", [
-    (["--config.data.input_files=/nonexistent/train-*.tfrecord"], FileNotFoundError,
+    ([*SHALLOW, "--config.data.input_files=/nonexistent/train-*.tfrecord"], FileNotFoundError,
      "no files match '/nonexistent/train-*.tfrecord'; fix --config.data.input_files"),
-    ([f"--config.data.input_files={helpers.FIXTURES}/sample_seq128.tfrecord", "--config.model.vocab_size=2048"],
-     ValueError, "but the model's vocab_size is 2048"),
-    ([f"--config.data.input_files={helpers.FIXTURES}/sample_seq128.tfrecord", "--config.data.max_seq_length=64"],
+    # Ids up to 1023 for the trained run's model of 512 rows: the run's compilation cache serves its initialisation.
+    ([*_trained_run_flags(*SHAPE_FIELDS, *STEP_FIELDS), "--config.data.input_files={tmp_path}/ids_to_1023.tfrecord"],
+     ValueError, "but the model's vocab_size is 512"),
+    ([*SHALLOW, f"--config.data.input_files={helpers.FIXTURES}/sample_seq128.tfrecord",
+      "--config.data.max_seq_length=64"],
      ValueError, "has length 128 but the config expects 64; set --config.data.max_seq_length=128"),
 ])
 def test_driver_bad_input_fails_with_a_clear_message(tmp_path, caplog, driver_flags, args, error, message):
+    # The records of the vocab_size case (ids drawn below 1024).
+    helpers.write_pretraining_records(tmp_path / "ids_to_1023.tfrecord", num_records=16, seed=0, vocab_size=1024)
     with pytest.raises(error) as raised:
         _main(driver_flags, caplog, f"--workdir={tmp_path}", f"--config={PRETRAIN}:size=tiny,data=tfrecord",
-              "--config.train.num_steps=2", *SHALLOW, *args)
+              "--config.train.num_steps=2", *[arg.format(tmp_path=tmp_path) for arg in args])
     assert message in str(raised.value)
 
 
@@ -123,15 +143,15 @@ def test_a_failed_save_stops_the_run_with_one_message_and_the_last_checkpoint_re
     as one would with ENOSPC, and no mount is needed): the step-15 save fails, the run stops with one message
     naming the checkpoint, the cause and the intact one, no traceback, and the next run resumes from step 10.
     The write is asynchronous: the loop learns of the failure when it happens, some steps after step 15."""
-    args = [f"--workdir={tmp_path}", f"--config={PRETRAIN}:size=tiny,data=synthetic", "--config.model.num_layers=1",
-            "--config.model.vocab_size=512", "--config.data.max_seq_length=32", "--config.train.batch_size=8",
-            "--config.data.max_predictions_per_seq=5", "--config.checkpoint.every_steps=5",
-            "--config.train.log_every=5",
-            "--config.optim.schedule_steps=40"]  # the three runs below compile one step (the run's cache serves it)
+    # The trained run's model and step (schedule_steps=100 spans all three runs below): they compile no program of
+    # their own, the run's cache serves them.
+    args = [f"--workdir={tmp_path}", f"--config={PRETRAIN}:size=tiny,data=synthetic",
+            *_trained_run_flags(*SHAPE_FIELDS, *STEP_FIELDS), "--config.checkpoint.every_steps=5",
+            "--config.train.log_every=5"]
     _main(driver_flags, caplog, *args, "--config.train.num_steps=10")
     checkpoints = tmp_path / "checkpoints"
     assert sorted(os.listdir(checkpoints)) == ["10", "5"]
-    # 256 KiB: the metrics files stay under it; a checkpoint's array data (1.6 MB) does not.
+    # 256 KiB: the metrics files stay under it; a checkpoint's array data (6.5 MB) does not.
     full_disk = ("bash", "-c", 'ulimit -f 256 && exec "$0" "$@"', sys.executable, "-m", "bert_jax.main")
     result = _run(args[1:] + ["--config.train.num_steps=40"], tmp_path, full_disk)
     assert result.returncode == 1, result.stderr[-3000:]
@@ -276,7 +296,7 @@ def test_run_on_a_text_corpus_with_the_original_vocab_and_whole_word_masking(tmp
                 f"--config.data.corpus={helpers.FIXTURES}/sample_text.txt",
                 f"--config.data.vocab_file={helpers.FIXTURES}/vocab_uncased.txt",
                 "--config.data.whole_word_mask=True", "--config.data.eval_every_nth_document=0",
-                "--config.data.max_seq_length=32", "--config.data.max_predictions_per_seq=5", *SHALLOW)
+                *ORIGINAL_VOCAB_STEP)  # the preset's 128 tokens: the original records' run's step
     assert "step 3/3" in log
     ready = json.loads((tmp_path / "data" / "READY.json").read_text())
     assert ready["special_ids"] == [0, 101, 102, 103]
@@ -365,14 +385,15 @@ def test_eval_mode_needs_only_the_held_out_files(tmp_path, caplog, driver_flags,
 
 
 def test_driver_takes_the_architecture_from_config_init(tmp_path, caplog, driver_flags, trained_run, small_records):
-    """Continuing pretraining from a run's checkpoint with the tiny preset: the checkpoint's vocabulary (512 rows)
-    and positions (64) replace the preset's before the config is logged; a field named on the command line must
-    agree with the checkpoint."""
+    """Continuing pretraining from a run's checkpoint with the tiny preset (and the run's optimizer and dropout): the
+    checkpoint's vocabulary (512 rows) and positions (64) replace the preset's before the config is logged; a field
+    named on the command line must agree with the checkpoint."""
     args = [f"--workdir={tmp_path}", f"--config={PRETRAIN}:size=tiny,data=tfrecord",
-            f"--config.init={trained_run['workdir']}/checkpoints", f"--config.data.input_files={small_records['train']}",
+            f"--config.init={trained_run['workdir']}/checkpoints",
+            f"--config.data.input_files={small_records['train']}",
             f"--config.data.eval_input_files={small_records['eval']}", "--config.data.max_seq_length=32",
-            "--config.data.max_predictions_per_seq=5", "--config.train.num_steps=1", "--config.train.batch_size=16",
-            "--config.mesh.fsdp=2", "--config.mesh.tensor=2"]
+            "--config.data.max_predictions_per_seq=5", "--config.train.num_steps=1",
+            *_trained_run_flags(*STEP_FIELDS)]  # the run's step, which the run's compilation cache serves
     log = _main(driver_flags, caplog, *args)
     [config_line] = [record.getMessage() for record in caplog.records if record.getMessage().startswith("config:")]
     assert f"\n  vocab_size: {helpers.TINY_VOCAB}\n" in config_line

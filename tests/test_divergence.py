@@ -119,13 +119,14 @@ def test_the_checkpoint_a_diverged_run_names_is_one_a_saner_run_continues_from(t
         arrays = ocp.StandardCheckpointer().restore(directory / name / checkpoint_lib.STATE_ITEM)
         assert all(np.isfinite(np.asarray(leaf)).all() for leaf in jax.tree.leaves(arrays)
                    if np.issubdtype(np.asarray(leaf).dtype, np.inexact)), name
-    # The sane rate is the default one, and the same 8 steps: the train step the other 8-step runs compile.
-    sane = _config(num_steps=8)
+    # The sane rate is the default one: the train step the other tests compile. It runs past the step that went
+    # non-finite, and no further.
+    sane = _config(num_steps=bad + 1)
     with caplog.at_level(logging.INFO):
         final = helpers.run_pretraining(sane, str(tmp_path)).metrics
     assert f"resumed from {directory / str(bad - 2)} at step {bad - 2} " in caplog.text
-    assert final["step"] == 8 and np.isfinite(final["loss"])
-    assert _health(directory, 8)["verified"][-1] == 7
+    assert final["step"] == bad + 1 and np.isfinite(final["loss"])
+    assert _health(directory, bad + 1)["verified"][-1] == bad
 
 
 def test_a_gradual_blow_up_leaves_only_checkpoints_a_sane_rerun_continues_from(tmp_path, caplog):
@@ -133,9 +134,6 @@ def test_a_gradual_blow_up_leaves_only_checkpoints_a_sane_rerun_continues_from(t
     spike is caught, the checkpoint whose parameters spiked is set aside, max_to_keep=1 still keeps the newest
     verified checkpoint, and a rerun at the sane rate from every checkpoint left finishes."""
     config = _config(num_steps=8, spike_window=4)
-    # Each run's rate decays over its own train.num_steps: the blow-up's (0.3 over 20 steps) makes the loss climb
-    # for a step or more before it spikes; over the tests' common 100-step schedule it spikes at once.
-    config.optim.schedule_steps = 0
     config.checkpoint.max_to_keep = 1
     run = tmp_path / "run"
     helpers.run_pretraining(copy.deepcopy(config), str(run))
@@ -144,6 +142,10 @@ def test_a_gradual_blow_up_leaves_only_checkpoints_a_sane_rerun_continues_from(t
     assert _health(directory, 8)["verified"][-1] == 7
     blow_up = copy.deepcopy(config)
     blow_up.optim.learning_rate, blow_up.train.num_steps = 0.3, 20
+    # The blow-up's rate decays over its own 20 steps, which makes the loss climb for a step or more before it
+    # spikes; over the tests' common 100-step schedule it spikes at once. The sane runs keep that schedule: their
+    # train step is the other tests' one.
+    blow_up.optim.schedule_steps = 0
     with pytest.raises(divergence.DivergenceError, match=r"^step (\d+) spiked: loss [\d.]+ is [\d.]+ times the "
                                                          r"median [\d.]+ of the previous 4 steps") as raised:
         helpers.run_pretraining(blow_up, str(run))

@@ -33,6 +33,10 @@ def _setup(mesh_shape, dropout, batch_axes=None, scan_layers=False):
     config = helpers.tiny_config(mesh_shape[-3:], dropout=dropout)
     config.mesh.dcn_data = 1 if len(mesh_shape) == 3 else mesh_shape[0]
     config.model.scan_layers = scan_layers
+    # One encoder layer holds every sharding rule a layer has, and each mesh's programs compile in less; scanned
+    # layers keep two, so that the scan stacks more than one layer, each with its own dropout key.
+    if not scan_layers:
+        config.model.num_layers = 1
     if batch_axes is not None:
         config.mesh.rules = tuple(("batch", batch_axes) if name == "batch" else (name, axes)
                                   for name, axes in config.mesh.rules)

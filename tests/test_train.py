@@ -1,6 +1,7 @@
 """The train step, the optimizer and config validation (the loop: test_pretraining.py)."""
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
@@ -90,13 +91,19 @@ def test_mlm_accuracy_counts_the_weighted_predictions_equal_to_the_label():
     model = model_lib.BertForPreTraining(model_lib.BertConfig.from_config(config.model))
     batch = _batch(config)
     inputs = {k: batch[k] for k in ("input_ids", "input_mask", "segment_ids", "masked_lm_positions")}
-    # Jitted: op by op, the model would compile each of its operations on its own.
-    params = jax.jit(lambda rng: model.init(rng, **inputs, deterministic=True)["params"])(jax.random.key(0))
-    outputs = jax.jit(lambda p: model.apply({"params": p}, **inputs, deterministic=True))(params)
-    predicted = np.asarray(outputs["mlm_logits"]).argmax(-1)
-    labels = np.asarray(batch["masked_lm_ids"])
-    batch = {**batch, "masked_lm_ids": np.where(np.arange(labels.shape[1]) % 2 == 0, predicted, labels)}
-    _, metrics = train.pretraining_loss(outputs, batch, 1.0, 1.0)
+
+    # One jitted program: op by op, the model and the loss would compile each of their operations on their own.
+    @jax.jit
+    def predictions_and_metrics(rng, batch):
+        params = model.init(rng, **inputs, deterministic=True)["params"]
+        outputs = model.apply({"params": params}, **inputs, deterministic=True)
+        predicted = outputs["mlm_logits"].argmax(-1)
+        labels = batch["masked_lm_ids"]
+        batch = {**batch, "masked_lm_ids": jnp.where(jnp.arange(labels.shape[1]) % 2 == 0, predicted, labels)}
+        return predicted, batch["masked_lm_ids"], train.pretraining_loss(outputs, batch, 1.0, 1.0)[1]
+
+    predicted, labels, metrics = jax.device_get(predictions_and_metrics(jax.random.key(0), batch))
+    batch = {**batch, "masked_lm_ids": labels}
     weights = np.asarray(batch["masked_lm_weights"], np.float32)
     expected = np.sum(weights * (predicted == batch["masked_lm_ids"]))
     assert expected >= 2

@@ -26,8 +26,8 @@ from configs import pretrain
 pytestmark = pytest.mark.xla_optimized
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# What `python -m bert_jax.aot` sets before JAX starts (bert_jax/aot/__main__.py, _set_compile_only_environment): the tests compile in
-# this process, beside other test processes that may load libtpu too.
+# What `python -m bert_jax.aot` sets before JAX starts (bert_jax/aot/__main__.py, _set_compile_only_environment):
+# the tests compile in this process, beside other test processes that may load libtpu too.
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 TOPOLOGY = "v5e:2x2"  # 4 chips, one host: the smallest slice that holds an fsdp x tensor = 2 x 2 mesh
 
@@ -143,6 +143,8 @@ def test_auto_attention_compiles_the_pallas_kernel_for_the_tpu_from_a_cpu_host()
     # the last attends only from the rows the heads read, too few for the kernel's blocks of 128.
     config = _small_vocab_config()
     config.model.attention_dropout_rate = 0.0
+    # One row per shard: the batch does not change which attention the step gets, and a smaller one compiles sooner.
+    config.train.batch_size = 2
     compiled, report = aot.compile_train_step(config, TOPOLOGY)
     assert report.fits
     assert 'custom_call_target="tpu_custom_call"' in compiled.as_text()
@@ -255,7 +257,9 @@ def test_tiny_compiles_for_two_slices_with_the_batch_over_both():
     tensor, and the batch is split over both slices."""
     _require_libtpu()
     from jax.sharding import PartitionSpec  # pylint: disable=import-outside-toplevel
-    compiled, report = aot.compile_train_step(_small_vocab_config(num_layers=1), TOPOLOGY, num_slices=2)
+    config = _small_vocab_config(num_layers=1)
+    config.train.batch_size = 4  # one row per shard, which compiles sooner; its sharding maps any batch as below
+    compiled, report = aot.compile_train_step(config, TOPOLOGY, num_slices=2)
     assert report.topology == f"2 x {TOPOLOGY}" and report.num_chips == 8 and report.num_hosts == 2
     assert report.mesh == {"dcn_data": 2, "data": 1, "fsdp": 2, "tensor": 2} and report.fits
     batch_sharding = compiled.input_shardings[0][1]["input_ids"]
@@ -263,7 +267,7 @@ def test_tiny_compiles_for_two_slices_with_the_batch_over_both():
     for index, slice_devices in enumerate(batch_sharding.mesh.devices):
         assert {device.slice_index for device in slice_devices.flat} == {index}
     rows = {device.slice_index: set() for device in batch_sharding.mesh.devices.flat}
-    for device, where in batch_sharding.devices_indices_map((8, 128)).items():
+    for device, where in batch_sharding.devices_indices_map((8, 128)).items():  # where an 8-row batch goes
         rows[device.slice_index].update(range(8)[where[0]])
     assert rows == {0: {0, 1, 2, 3}, 1: {4, 5, 6, 7}}
     # What crosses the slices, by the compiled program: the gradient all-reduce and nothing else (no FSDP all-gather,
@@ -276,20 +280,22 @@ def test_tiny_compiles_for_two_slices_with_the_batch_over_both():
 
 @pytest.mark.timeout(900)  # 3-5 compilations and 2 to check them
 def test_planner_finds_a_batch_the_plain_compile_confirms_and_rejects_the_next(tmp_path):
-    """The planner for fsdp x tensor = 2 x 2 on v5e:2x2 against a 56 MiB budget, which the tiny preset (one layer,
-    32-token rows, dropout off) outgrows between 8 and 16 rows per shard: compiled at 8 and 32 rows, the memory line
-    between them, one compile at its answer. The plain AOT path confirms that the batch it returns fits with 10%
-    headroom and that the next size up it names does not; a second plan is served from the cache."""
+    """The planner for fsdp x tensor = 2 x 2 on v5e:2x2 against a 19 MiB budget, which the tiny preset (one layer,
+    32-token rows of 32 predictions, a 4096-word vocabulary, dropout off) outgrows between 8 and 16 rows per shard:
+    compiled at 8 and 32 rows, the memory line between them, one compile at its answer. The plain AOT path confirms
+    that the batch it returns fits with 10% headroom and that the next size up it names does not; a second plan is
+    served from the cache."""
     _require_libtpu()
     # pylint: disable=import-outside-toplevel
     from bert_jax.aot import estimate, planner
     from bert_jax.aot import plan as plan_lib
     from bert_jax.aot.cache import ReportCache
-    config, budget, headroom = pretrain.get_config("size=tiny"), 56 << 20, 0.1
+    config, budget, headroom = pretrain.get_config("size=tiny"), 19 << 20, 0.1
     config.model.dropout_rate = config.model.attention_dropout_rate = 0.0
-    # One layer and 32-token rows keep each TPU compile short, and the 30522-word MLM logits still make the memory
-    # grow with the batch (~1.2 MiB a row; a 4096-word vocabulary's step grows ~0.1 MiB a row, too little).
+    # One layer, 32-token rows and a 4096-word vocabulary keep each TPU compile short (the 30522-word one's take ~1.7x
+    # as long); 32 predictions a row keep the MLM logits growing with the batch: ~0.2 MiB a row, 16.6 MiB at 8 rows.
     config.model.num_layers, config.data.max_seq_length = 1, 32
+    config.model.vocab_size, config.data.max_predictions_per_seq = 4096, 32
     candidate = plan_lib.Candidate(data=1, fsdp=2, tensor=2, remat="none", scan_layers=False)
     cache = ReportCache(str(tmp_path))
     spec = plan_lib.PlanSpec(config, TOPOLOGY, 1, headroom, budget, ("none",), (False,), meshes=((1, 2, 2),),
@@ -315,7 +321,7 @@ def test_planner_finds_a_batch_the_plain_compile_confirms_and_rejects_the_next(t
     assert row.seconds == step_time.seconds > 0
     assert row.sequences_per_s_per_chip == pytest.approx(row.report.batch_size / row.seconds / 4)
     table = plan_lib.format_plan([row], headroom, budget, chips.CHIPS["v5e"])
-    assert re.search(rf"^1,2,2  none  off +{row.rows_per_shard} +1 +{row.report.batch_size} .* / 0\.0547 \(", table,
+    assert re.search(rf"^1,2,2  none  off +{row.rows_per_shard} +1 +{row.report.batch_size} .* / 0\.0186 \(", table,
                      re.MULTILINE), table
     hits = cache.hits
     assert planner.plan(spec, cache) == [row]

@@ -303,6 +303,16 @@ def _vocab_of_size(vocab, entries, output_dir):
     return tokenization.WordPieceTokenizer(words, do_lower_case=True).save(output_dir)
 
 
+def _random_params(model, seed, *inputs):
+    """Host parameters of `model`'s tree and shapes, drawn from a seeded generator (layer norm scales near one): its
+    init traced for the shapes alone, not compiled, where a test needs weights but not the initialisers' values."""
+    rng = np.random.default_rng(seed)
+    abstract = nn.meta.unbox(jax.eval_shape(model.init, jax.random.key(seed), *inputs)["params"])
+    return jax.tree_util.tree_map_with_path(lambda path, leaf: (
+        (1.0 if jax.tree_util.keystr(path).endswith("['scale']") else 0.0) + 0.02 * rng.standard_normal(leaf.shape)
+    ).astype(leaf.dtype), abstract)
+
+
 def _from_pretrained(task, pretrained, mesh_shape=(-1, 1, 1)):
     config = _config(task, mesh_shape)
     for key in ("vocab_size", "max_position_embeddings", "dropout_rate", "attention_dropout_rate"):
@@ -348,8 +358,7 @@ def test_init_from_a_flax_export_takes_its_architecture_and_weights(task, tmp_pa
     foreign = model_lib.BertConfig(vocab_size=rows, hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128,
                                    max_position_embeddings=32, dropout_rate=0.3)
     ids = np.zeros((1, 8), np.int32)
-    weights = jax.tree.map(np.asarray, nn.meta.unbox(jax.jit(model_lib.BertForPreTraining(foreign).init)(
-        jax.random.key(3), ids, ids, ids, np.zeros((1, 1), np.int32)))["params"])  # jitted: one compilation
+    weights = _random_params(model_lib.BertForPreTraining(foreign), 3, ids, ids, ids, np.zeros((1, 1), np.int32))
     config = _config(task, mesh_shape=(2, 2, 2))
     config.model.update(vocab_size=30522, max_position_embeddings=512)  # the tiny preset's: the export's are taken
     config.init = flax_files.export_flax(weights, foreign, str(tmp_path / "flax"))
@@ -371,12 +380,13 @@ def test_init_from_a_flax_export_takes_its_architecture_and_weights(task, tmp_pa
         served = {}
         monkeypatch.setattr(pretrained_lib, "load_pretrained", lambda path: (foreign, served["params"], "import"))
         served["params"] = {name: value for name, value in weights.items() if name != "pooler"}
-        params, _ = finetune.load_params(config, model, finetune.model_source(init_architecture.resolve_init_architecture(config)), mesh, rules,
-                                         jax.random.key(0))
+        params, _ = finetune.load_params(config, model, finetune.model_source(
+            init_architecture.resolve_init_architecture(config)), mesh, rules, jax.random.key(0))
         assert not np.array_equal(np.asarray(params["pooler"]["kernel"]), weights["pooler"]["kernel"])  # fresh
         served["params"] = {name: value for name, value in weights.items() if name != "layer_1"}
         with pytest.raises(ValueError, match=r"the converted checkpoint lacks \['layer_1'\]"):
-            finetune.load_params(config, model, finetune.model_source(init_architecture.resolve_init_architecture(config)), mesh, rules, jax.random.key(0))
+            finetune.load_params(config, model, finetune.model_source(
+                init_architecture.resolve_init_architecture(config)), mesh, rules, jax.random.key(0))
 
 
 def _write_lines(path, texts):
@@ -783,8 +793,7 @@ def test_a_frozen_last4_token_head_reads_four_layers_and_moves_alone():
     ids = rng.integers(1, 97, size=(2, 10)).astype(np.int32)
     mask, segments = np.ones_like(ids), np.zeros_like(ids)
     model = model_lib.BertForTokenClassification(config, 3, encoder="frozen_last4")
-    # Each call compiled whole, and host arrays between them: op by op, each operation would be a program of its own.
-    params = jax.device_get(nn.meta.unbox(jax.jit(model.init)(jax.random.key(0), ids, mask, segments)["params"]))
+    params = _random_params(model, 0, ids, mask, segments)
     tuned_names = nn.meta.unbox(jax.eval_shape(model_lib.BertForTokenClassification(config, 3).init,
                                                jax.random.key(0), ids, mask, segments)["params"])
     assert jax.tree.map(np.shape, {k: v for k, v in params.items() if k != "classifier"}) == \
@@ -793,6 +802,7 @@ def test_a_frozen_last4_token_head_reads_four_layers_and_moves_alone():
     encoder = model_lib.BertModel(config)
     pooler = jax.tree.map(lambda leaf: np.zeros(leaf.shape, leaf.dtype), nn.meta.unbox(  # unused here
         jax.eval_shape(encoder.init, jax.random.key(1), ids, mask, segments)["params"])["pooler"])
+    # Each call compiled whole, and host arrays between them: op by op, each operation would be a program of its own.
     hidden = jax.jit(encoder.apply)({"params": dict({k: v for k, v in params.items() if k != "classifier"},
                                                     pooler=pooler)}, ids, mask, segments)["hidden_states"]
     features = np.concatenate([hidden[5], hidden[4], hidden[3], hidden[2]], -1)
@@ -956,7 +966,7 @@ def test_a_transformers_modernbert_fine_tunes_through_the_job_and_exports_as_its
     saved = os.path.join(workdir, finetune.FINETUNED_SUBDIR)
     model = tasks.head_model("sequence", model_config, 2)
     params = export.restore_model_params(saved, model, *[np.zeros((1, 8), np.int32)] * 3)
-    logits = np.asarray(model.apply({"params": params}, inputs["input_ids"].numpy(),
-                                    inputs["attention_mask"].numpy())["logits"])
+    logits = np.asarray(jax.jit(model.apply)({"params": params}, inputs["input_ids"].numpy(),
+                                             inputs["attention_mask"].numpy())["logits"])  # one compilation
     np.testing.assert_allclose(logits, expected, atol=1e-5 * np.abs(expected).max())
     assert (logits.argmax(-1) == [1, 0]).all()

@@ -305,14 +305,18 @@ def test_run_on_a_text_corpus_with_the_original_vocab_and_whole_word_masking(tmp
 
 
 def test_driver_finetunes_then_extracts_features(tmp_path, caplog, driver_flags):
+    from tests.test_finetune import vocab_of_pieces  # pylint: disable=import-outside-toplevel
     rows = [("a great film", "positive"), ("an awful film", "negative")] * 16
     train_file = tmp_path / "reviews.csv"
     train_file.write_text("review,sentiment\n" + "".join(f"{text},{label}\n" for text, label in rows))
+    # The uncased vocabulary's pieces of these texts: 128 embedding rows to train, save and export instead of 30592.
+    vocab, vocab_rows = vocab_of_pieces([text for text, _ in rows], str(tmp_path / "vocab"))
     common = [f"--workdir={tmp_path / 'work'}", f"--config={helpers.ROOT}/configs/finetune.py:size=tiny",
-              f"--config.data.vocab_file={helpers.FIXTURES}/vocab_uncased.txt",
+              f"--config.data.vocab_file={vocab}",
               f"--config.data.train_file={train_file}", f"--config.data.eval_file={train_file}",
               "--config.data.text_columns=review", "--config.data.label_column=sentiment",
-              "--config.data.max_seq_length=16", "--config.model.vocab_size=30592", "--config.train.batch_size=8",
+              "--config.data.max_seq_length=16", f"--config.model.vocab_size={vocab_rows}",
+              "--config.train.batch_size=8",
               *SHALLOW[1:]]
     _main(driver_flags, caplog, "--mode=finetune", *common, "--config.train.num_steps=3",
           "--config.train.log_every=3")

@@ -3,6 +3,7 @@
 import json
 import os
 
+import flax.linen as nn
 import jax
 import numpy as np
 
@@ -174,3 +175,18 @@ def byte_level_bpe(texts, vocab_size, directory):
     path = os.path.join(directory, "tokenizer.json")
     tokenizer.save(path)
     return path
+
+
+def random_params(module, *args, seed=1, **kwargs):
+    """Host weights of `module`'s parameter tree and shapes, its init traced for the shapes alone (nothing compiled:
+    the init was often the costliest program of a test that needs weights but not the initialisers' values). Kernels,
+    embeddings and biases N(0, 0.02), as the init draws kernels; norm scales 1 + N(0, 0.1), off their initial 1 and
+    0 so that each shows in the results."""
+    abstract = nn.meta.unbox(jax.eval_shape(lambda: module.init(jax.random.key(0), *args, **kwargs)))["params"]
+    rng = np.random.default_rng(seed)
+
+    def draw(path, leaf):
+        noise = rng.standard_normal(leaf.shape)
+        return (1 + 0.1 * noise if path[-1].key == "scale" else 0.02 * noise).astype(leaf.dtype)
+
+    return jax.tree_util.tree_map_with_path(draw, abstract)

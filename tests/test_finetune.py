@@ -303,16 +303,6 @@ def _vocab_of_size(vocab, entries, output_dir):
     return tokenization.WordPieceTokenizer(words, do_lower_case=True).save(output_dir)
 
 
-def _random_params(model, seed, *inputs):
-    """Host parameters of `model`'s tree and shapes, drawn from a seeded generator (layer norm scales near one): its
-    init traced for the shapes alone, not compiled, where a test needs weights but not the initialisers' values."""
-    rng = np.random.default_rng(seed)
-    abstract = nn.meta.unbox(jax.eval_shape(model.init, jax.random.key(seed), *inputs)["params"])
-    return jax.tree_util.tree_map_with_path(lambda path, leaf: (
-        (1.0 if jax.tree_util.keystr(path).endswith("['scale']") else 0.0) + 0.02 * rng.standard_normal(leaf.shape)
-    ).astype(leaf.dtype), abstract)
-
-
 def _from_pretrained(task, pretrained, mesh_shape=(-1, 1, 1)):
     config = _config(task, mesh_shape)
     for key in ("vocab_size", "max_position_embeddings", "dropout_rate", "attention_dropout_rate"):
@@ -358,7 +348,8 @@ def test_init_from_a_flax_export_takes_its_architecture_and_weights(task, tmp_pa
     foreign = model_lib.BertConfig(vocab_size=rows, hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128,
                                    max_position_embeddings=32, dropout_rate=0.3)
     ids = np.zeros((1, 8), np.int32)
-    weights = _random_params(model_lib.BertForPreTraining(foreign), 3, ids, ids, ids, np.zeros((1, 1), np.int32))
+    weights = helpers.random_params(model_lib.BertForPreTraining(foreign), ids, ids, ids, np.zeros((1, 1), np.int32),
+                                    seed=3)
     config = _config(task, mesh_shape=(2, 2, 2))
     config.model.update(vocab_size=30522, max_position_embeddings=512)  # the tiny preset's: the export's are taken
     config.init = flax_files.export_flax(weights, foreign, str(tmp_path / "flax"))
@@ -793,7 +784,7 @@ def test_a_frozen_last4_token_head_reads_four_layers_and_moves_alone():
     ids = rng.integers(1, 97, size=(2, 10)).astype(np.int32)
     mask, segments = np.ones_like(ids), np.zeros_like(ids)
     model = model_lib.BertForTokenClassification(config, 3, encoder="frozen_last4")
-    params = _random_params(model, 0, ids, mask, segments)
+    params = helpers.random_params(model, ids, mask, segments, seed=0)
     tuned_names = nn.meta.unbox(jax.eval_shape(model_lib.BertForTokenClassification(config, 3).init,
                                                jax.random.key(0), ids, mask, segments)["params"])
     assert jax.tree.map(np.shape, {k: v for k, v in params.items() if k != "classifier"}) == \

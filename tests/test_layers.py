@@ -17,6 +17,7 @@ from bert_jax.interop import layout
 from bert_jax import metrics as metrics_lib
 from bert_jax import model as model_lib
 from bert_jax import optim
+from tests import helpers
 
 BATCH, LENGTH = 3, 16
 
@@ -57,14 +58,12 @@ def _packed_inputs():
 
 
 @functools.lru_cache(maxsize=None)
-def _unrolled_params(seed=1):
-    config = _config()
-    variables = jax.jit(model_lib.BertForPreTraining(config).init)(jax.random.key(seed), **_inputs())
-    return nn.meta.unbox(variables)["params"]
+def _unrolled_params():
+    return helpers.random_params(model_lib.BertForPreTraining(_config()), **_inputs())
 
 
 def _params(config):
-    """The same initial weights for every config: unrolled, stacked for a scanned one."""
+    """The same weights for every config: unrolled, stacked for a scanned one."""
     params = _unrolled_params()
     return layout.stack_layers(params, config.num_layers) if config.scan_layers else params
 
@@ -198,7 +197,7 @@ def test_layer_at_some_rows_equals_those_rows_of_the_full_layer():
             instance_ids[row, start:stop] = number
     segments = model_lib.SegmentMask(jnp.asarray(instance_ids))
     x = jnp.asarray(np.random.default_rng(0).normal(size=(2, LENGTH, config.hidden_size)), jnp.float32)
-    params = layer.init(jax.random.key(0), x, jnp.ones((2, LENGTH), bool), True)
+    params = {"params": helpers.random_params(layer, x, jnp.ones((2, LENGTH), bool), True)}
     packed = apply(params, x, segments, True)
     for row, row_spans in enumerate(spans):
         for start, stop in row_spans:

@@ -104,16 +104,32 @@ def _jit_apply(model):
     return jax.jit(model.apply, static_argnames=("output_hidden_states",))
 
 
-def _small_model(**overrides):
-    config = model_lib.BertConfig(vocab_size=97, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
-                                  max_position_embeddings=40, **overrides)
-    model = model_lib.BertForPreTraining(config)
+def _small_config(**overrides):
+    return model_lib.BertConfig(vocab_size=97, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
+                                max_position_embeddings=40, **overrides)
+
+
+def _small_inputs():
     rng = np.random.default_rng(0)
     ids = rng.integers(1, 97, size=(3, 12)).astype(np.int32)
     segments = np.concatenate([np.zeros((3, 6)), np.ones((3, 6))], axis=1).astype(np.int32)
     positions = np.array([[1, 4, 7], [2, 3, 9], [5, 6, 8]], np.int32)
-    params = nn.meta.unbox(jax.jit(model.init)(jax.random.key(1), ids, np.ones_like(ids), segments, positions))
-    return config, model, params, ids, segments, positions
+    return ids, segments, positions
+
+
+def _small_model(**overrides):
+    config = _small_config(**overrides)
+    return (config, model_lib.BertForPreTraining(config), _small_params(), *_small_inputs())
+
+
+@functools.lru_cache(maxsize=None)
+def _small_params():
+    """The small model's initial weights, initialised once for the module: the settings the tests vary (activation,
+    compute dtype) change no parameter (float32 whatever the compute dtype: the bfloat16 test checks its model's own
+    init), and compiling the init in each test took about as long as the test's own programs."""
+    ids, segments, positions = _small_inputs()
+    model = model_lib.BertForPreTraining(_small_config())
+    return nn.meta.unbox(jax.jit(model.init)(jax.random.key(1), ids, np.ones_like(ids), segments, positions))
 
 
 def test_padding_does_not_change_outputs_at_real_positions():
@@ -234,7 +250,9 @@ def test_bfloat16_layer_norm_statistics_are_float32():
 
 def test_bfloat16_compute_keeps_float32_parameters():
     config, model, params, ids, segments, positions = _small_model(dtype="bfloat16")
-    assert all(leaf.dtype == jnp.float32 for leaf in jax.tree.leaves(params))
+    # The parameters the bfloat16 model's own init makes (their shapes and dtypes: nothing compiled).
+    abstract = jax.eval_shape(model.init, jax.random.key(1), ids, np.ones_like(ids), segments, positions)
+    assert all(leaf.dtype == jnp.float32 for leaf in jax.tree.leaves(abstract))
     outputs = _jit_apply(model)(params, ids, np.ones_like(ids), segments, positions)
     assert outputs["sequence_output"].dtype == jnp.bfloat16
     assert outputs["mlm_logits"].dtype == jnp.float32
@@ -388,7 +406,14 @@ def test_question_answering_logits_loss_and_one_training_step_equal_transformers
     segments = (np.arange(20) >= 6).astype(np.int32)[None].repeat(3, 0) * mask
     positions = np.array([[7, 9], [0, 0], [3, 4]], np.int32)  # the second row's answer is [CLS]: no answer
     model = model_lib.BertForQuestionAnswering(config)
-    outputs = _jit_apply(model)({"params": params}, ids, mask, segments)
+    batch = {"input_ids": ids, "input_mask": mask, "segment_ids": segments, "label_ids": positions,
+             "weights": np.ones(3, np.float32)}
+    from bert_jax import finetune  # pylint: disable=import-outside-toplevel
+    eval_step = finetune.make_eval_step(model, ())
+    # The logits and the eval step's sums in one program: one compile at full optimisation instead of two.
+    outputs, sums = jax.jit(lambda params, batch: (
+        model.apply({"params": params}, batch["input_ids"], batch["input_mask"], batch["segment_ids"]),
+        eval_step(params, batch)))(params, batch)
 
     def their_loss():
         return theirs(input_ids=torch.tensor(ids, dtype=torch.long), attention_mask=torch.tensor(mask),
@@ -403,10 +428,6 @@ def test_question_answering_logits_loss_and_one_training_step_equal_transformers
         expected = expected.numpy()
         np.testing.assert_allclose(np.asarray(ours)[real], expected[real], atol=1e-4 * np.abs(expected).max())
     np.testing.assert_array_equal(outputs["logits"][:, 0], outputs["start_logits"])
-    batch = {"input_ids": ids, "input_mask": mask, "segment_ids": segments, "label_ids": positions,
-             "weights": np.ones(3, np.float32)}
-    from bert_jax import finetune  # pylint: disable=import-outside-toplevel
-    sums = jax.jit(finetune.make_eval_step(model, ()))(params, batch)
     assert float(sums["loss_sum"] / sums["count"]) == pytest.approx(float(output.loss), rel=1e-5)
     _one_finetuning_step_equals_torch(model, params, batch, theirs, lambda: their_loss().loss, [
         # qa_outputs.bias is left out: a shift of every start (end) score leaves the softmax unchanged, so its

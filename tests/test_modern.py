@@ -14,6 +14,7 @@ from bert_jax import attention
 from bert_jax import modern
 from bert_jax.interop import layout
 from bert_jax.interop import modern as interop
+from tests import helpers
 from tests.test_attention import _random_qkv, _segment_ids, _softmax_attention
 
 
@@ -171,7 +172,7 @@ def test_our_parameters_have_transformers_shapes_and_unsupported_configs_are_nam
     config = modern.modern_config(vocab_size=300, hidden_size=64, num_layers=4, num_heads=4, intermediate_size=96,
                                   local_attention=8)
     ids = jnp.zeros((1, 8), jnp.int32)
-    params = nn.meta.unbox(modern.ModernForMaskedLM(config).init(jax.random.key(0), ids, ids)["params"])
+    params = helpers.random_params(modern.ModernForMaskedLM(config), ids, ids)
     tensors = interop.params_to_transformers(params, config)
     assert tensors["model.layers.1.attn.Wqkv.weight"].shape == (192, 64)
     assert tensors["model.layers.1.mlp.Wi.weight"].shape == (192, 64)
@@ -196,7 +197,7 @@ def test_remat_and_bfloat16_keep_the_modern_encoders_loss_and_gradients():
     ids = jnp.asarray(rng.integers(5, 300, (2, 24)))
     mask = jnp.asarray(np.arange(24)[None, :] < np.array([[24], [15]]))
     positions, labels = jnp.asarray([[1, 7, 20], [0, 3, 14]]), jnp.asarray(rng.integers(5, 300, (2, 3)))
-    params = nn.meta.unbox(jax.jit(modern.ModernForMaskedLM(base).init)(jax.random.key(0), ids, mask)["params"])
+    params = helpers.random_params(modern.ModernForMaskedLM(base), ids, mask)
 
     def results(config):
         def loss_fn(p):
@@ -228,7 +229,7 @@ def test_scanned_layers_equal_unrolled_ones_and_export_alike():
     rng = np.random.default_rng(2)
     ids = jnp.asarray(rng.integers(5, 300, (2, 24)))
     mask = jnp.asarray(np.arange(24)[None, :] < np.array([[24], [11]]))
-    params = nn.meta.unbox(jax.jit(modern.ModernForMaskedLM(unrolled).init)(jax.random.key(0), ids, mask)["params"])
+    params = helpers.random_params(modern.ModernForMaskedLM(unrolled), ids, mask)
     stacked = modern.stack_layers(params, scanned)
     boxed = jax.eval_shape(lambda: modern.ModernForMaskedLM(scanned).init(jax.random.key(0), ids, mask))["params"]
     assert sorted(boxed) == sorted(stacked) == ["embeddings", "embeddings_norm", "final_norm", "layer_0", "layer_4",

@@ -38,6 +38,9 @@ SHAPE_FIELDS = ("model.vocab_size", "model.max_position_embeddings", "data.max_s
                 "data.max_predictions_per_seq")
 
 
+IDS_TO_1023 = "ids_to_1023.tfrecord"  # records of the bad-vocabulary case, written into its tmp_path
+
+
 def _trained_run_flags(*fields):
     """--config.FIELD=VALUE of the trained run's value of each field."""
     return [f"--config.{field}={TRAINED_RUN[field.split('.')[0]][field.split('.')[1]]}" for field in fields]
@@ -110,19 +113,21 @@ def test_driver_trains_on_original_tfrecords_and_evaluates(tmp_path, caplog, dri
 @pytest.mark.parametrize("args, error, message", [
     ([*SHALLOW, "--config.data.input_files=/nonexistent/train-*.tfrecord"], FileNotFoundError,
      "no files match '/nonexistent/train-*.tfrecord'; fix --config.data.input_files"),
-    # Ids up to 1023 for the trained run's model of 512 rows: the run's compilation cache serves its initialisation.
-    ([*_trained_run_flags(*SHAPE_FIELDS, *STEP_FIELDS), "--config.data.input_files={tmp_path}/ids_to_1023.tfrecord"],
-     ValueError, "but the model's vocab_size is 512"),
+    # Ids up to 1023 for the trained run's model of TINY_VOCAB rows: the run's compilation cache serves its
+    # initialisation.
+    ([*_trained_run_flags(*SHAPE_FIELDS, *STEP_FIELDS), f"--config.data.input_files={{tmp_path}}/{IDS_TO_1023}"],
+     ValueError, f"but the model's vocab_size is {helpers.TINY_VOCAB}"),
     ([*SHALLOW, f"--config.data.input_files={helpers.FIXTURES}/sample_seq128.tfrecord",
       "--config.data.max_seq_length=64"],
      ValueError, "has length 128 but the config expects 64; set --config.data.max_seq_length=128"),
 ])
 def test_driver_bad_input_fails_with_a_clear_message(tmp_path, caplog, driver_flags, args, error, message):
-    # The records of the vocab_size case (ids drawn below 1024).
-    helpers.write_pretraining_records(tmp_path / "ids_to_1023.tfrecord", num_records=16, seed=0, vocab_size=1024)
+    args = [arg.format(tmp_path=tmp_path) for arg in args]
+    if any(arg.endswith(IDS_TO_1023) for arg in args):  # the vocab_size case's records: ids drawn below 1024
+        helpers.write_pretraining_records(tmp_path / IDS_TO_1023, num_records=16, seed=0, vocab_size=1024)
     with pytest.raises(error) as raised:
         _main(driver_flags, caplog, f"--workdir={tmp_path}", f"--config={PRETRAIN}:size=tiny,data=tfrecord",
-              "--config.train.num_steps=2", *[arg.format(tmp_path=tmp_path) for arg in args])
+              "--config.train.num_steps=2", *args)
     assert message in str(raised.value)
 
 

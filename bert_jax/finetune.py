@@ -90,7 +90,7 @@ def load_params(config, model: nn.Module, source: ModelSource, mesh, rules, rng)
     # The run's setup without an optimizer: the same shapes, shardings and initialisation as a training run's.
     setup = Setup.build(model, optax.identity(), None, mesh, rules, init_inputs(config.data.max_seq_length))
     loaded = _read_init(config, source, setup)  # first: an --config.init that does not fit fails before any compile
-    return dict(setup.create_state(rng).params, **loaded), setup.shardings.params
+    return setup.create_state(rng, loaded).params, setup.shardings.params
 
 
 def _read_init(config, source: ModelSource, setup: Setup) -> dict:
@@ -295,9 +295,7 @@ def _create_state(config, setup: Setup, source) -> TrainState:
     """A fresh TrainState: the parameters --config.init gives (the rest, and the head, fresh from train.seed) and a
     fresh optimizer state."""
     loaded = _read_init(config, source, setup)  # first: an --config.init that does not fit fails before any compile
-    state = setup.create_state(jax.random.split(jax.random.key(config.train.seed))[0])
-    # The optimizer's initial state (zero moments, count 0) does not depend on the parameters' values.
-    return state.replace(params=dict(state.params, **loaded))
+    return setup.create_state(jax.random.split(jax.random.key(config.train.seed))[0], loaded)
 
 
 class _FineTuning:

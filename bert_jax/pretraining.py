@@ -133,14 +133,13 @@ def train_and_evaluate(config, workdir: str) -> TrainResult:
         train_step = setup.pretraining_step(config.optim.grad_accum_steps)
 
         def fresh_state():
-            state = setup.create_state(jax.random.split(jax.random.key(train.seed))[0])
-            if config.init:
+            params = None
+            if config.init:  # every parameter: nothing is initialised at random (Setup.create_state)
                 params, source = _init_params(config.init, run.model_config, setup.abstract.params,
                                               setup.shardings.params)
-                state = state.replace(params=params)
                 logging.info("initialised parameters from %s (--config.init); optimizer and step start afresh",
                              source)
-            return state
+            return setup.create_state(jax.random.split(jax.random.key(train.seed))[0], params)
 
         def log_size(state):
             num_params = sum(x.size for x in jax.tree.leaves(state.params))

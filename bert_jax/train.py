@@ -379,9 +379,23 @@ class Setup:
     def batch_sharding(self) -> NamedSharding:
         return sharding_lib.batch_sharding(self.mesh, self.rules)
 
-    def create_state(self, rng) -> TrainState:
-        """A fresh state from `rng`, born sharded: no device ever holds a full copy."""
-        return jax.jit(lambda key: sharding_lib.unbox(self.init_boxed(key)), out_shardings=self.shardings)(rng)
+    def create_state(self, rng, given: dict | None = None) -> TrainState:
+        """A fresh state from `rng`, born sharded: no device ever holds a full copy.
+
+        `given`: parameters already placed as `self.shardings.params` (some or all of the top-level names, each whole),
+        which the state takes as they are (donated); only the others are initialised, from `rng` as without `given`.
+        The initialisers of what `given` replaces are left out of the program (dead code), so a run from
+        --config.init neither compiles nor holds a throwaway random copy of them. The optimizer state starts from the
+        state's parameters."""
+        if not given:
+            return jax.jit(lambda key: sharding_lib.unbox(self.init_boxed(key)), out_shardings=self.shardings)(rng)
+
+        def fresh(key, given):
+            state = sharding_lib.unbox(self.init_boxed(key))
+            params = dict(state.params, **given)
+            return state.replace(params=params, opt_state=self.tx.init(params))
+
+        return jax.jit(fresh, out_shardings=self.shardings, donate_argnums=1)(rng, given)
 
     def jit_train_step(self, train_step):
         return jit_train_step(train_step, self.shardings, self.mesh, self.rules)

@@ -214,3 +214,30 @@ def test_a_pretraining_step_with_onednns_dots_gives_eigens_losses(monkeypatch):
     assert losses["eigen"][-1] < losses["eigen"][0]
     # 7e-8 apart on a 2-core AMD EPYC (AVX2)
     np.testing.assert_allclose(losses["onednn"], losses["eigen"], rtol=1e-6)
+
+
+def test_a_state_from_given_parameters_takes_them_whole_and_initialises_only_the_rest():
+    """Setup.create_state(rng, given), as a run from --config.init makes its first state: the given parameters as they
+    are (donated, not copied), the others and the optimizer state as a fresh state from the same key has them."""
+    config = helpers.tiny_config((2, 2, 2))
+    mesh, rules, model, tx = helpers.state_on_mesh(config, (2, 2, 2))
+    with jax.set_mesh(mesh):
+        setup = train.Setup.build(model, tx, None, mesh, rules, train.init_inputs(config.data.max_seq_length,
+                                                                                  config.data.max_predictions_per_seq))
+        fresh = setup.create_state(jax.random.key(0))
+        names = [name for name in setup.abstract.params if model_lib.is_encoder_parameter(name)]
+        assert names and len(names) < len(setup.abstract.params)  # a head stays to initialise
+        values = {name: jax.tree.map(lambda leaf: np.linspace(-1, 1, leaf.size, dtype=leaf.dtype).reshape(leaf.shape),
+                                     setup.abstract.params[name]) for name in names}
+        given = jax.device_put(values, {name: setup.shardings.params[name] for name in names})
+        state = setup.create_state(jax.random.key(0), given)
+    assert all(leaf.is_deleted() for leaf in jax.tree.leaves(given))
+    for name in setup.abstract.params:
+        expected = values[name] if name in values else jax.device_get(fresh.params[name])
+        for want, got in zip(jax.tree.leaves(expected), jax.tree.leaves(jax.device_get(state.params[name]))):
+            np.testing.assert_array_equal(got, want)
+    assert jax.tree.structure(state) == jax.tree.structure(fresh)
+    for want, got in zip(jax.tree.leaves(fresh), jax.tree.leaves(state)):
+        assert got.sharding == want.sharding
+    for want, got in zip(jax.tree.leaves(fresh.opt_state), jax.tree.leaves(state.opt_state)):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))

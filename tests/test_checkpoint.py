@@ -1,7 +1,6 @@
 """Checkpoints in-process: resharding on restore, corrupt checkpoints, exact resume, refused configs."""
 
 import copy
-import functools
 import glob
 import json
 import logging
@@ -35,16 +34,17 @@ def test_restore_onto_other_meshes(tmp_path):
     config.model.num_layers = 1  # one layer shows every kind of parameter and its sharding
     mesh, rules, model, tx = helpers.state_on_mesh(config, (2, 1, 2, 2))
     with jax.set_mesh(mesh):
-        state, shardings = train.create_train_state(model, tx, mesh, rules, jax.random.key(0), 32, 5)
+        abstract, shardings, _ = train.abstract_train_state(model, tx, mesh, rules, 32, 5)
+        # Distinct values in every parameter and optimizer moment (the step and counts 7), drawn on the host and
+        # placed with the state's shardings: nothing to compile, and no leaf that a zero or a constant could match.
+        draws = np.random.default_rng(0)
 
-        @functools.partial(jax.jit, out_shardings=shardings)
-        def update(state):  # non-trivial optimizer moments: one real update (jitted: one compilation, not one per op)
-            grads = jax.tree.map(lambda p: jax.numpy.full_like(p, 0.01) * jax.numpy.cos(p), state.params)
-            updates, opt_state = tx.update(grads, state.opt_state, state.params)
-            return state.replace(step=state.step + 7, opt_state=opt_state,
-                                 params=jax.tree.map(lambda p, u: p + u, state.params, updates))
+        def value(leaf, sharding):
+            if np.issubdtype(leaf.dtype, np.inexact):
+                return jax.device_put(draws.standard_normal(leaf.shape).astype(leaf.dtype), sharding)
+            return jax.device_put(np.full(leaf.shape, 7, leaf.dtype), sharding)
 
-        state = update(state)
+        state = jax.tree.map(value, abstract, shardings)
         saved = jax.device_get(state)
         checkpointer = checkpoint_lib.Checkpointer(str(tmp_path / "ckpt"), every_steps=1, max_to_keep=2)
         iterator = input_pipeline.synthetic_batches(batch_size=8, max_seq_length=32, max_predictions_per_seq=5,
@@ -76,48 +76,48 @@ def test_restore_onto_other_meshes(tmp_path):
 
 @pytest.mark.slow
 def test_interrupted_run_resumes_exactly_and_skips_corrupt_checkpoints(tmp_path, caplog, small_records):
-    """A run resumed from its step-4 checkpoint reproduces the uninterrupted run's losses bit for bit (same
-    batches, dynamic masks and dropout). The two newer checkpoints are damaged: flipped bytes in step 8 (which
-    still reads, with other values: the checksums catch it) and a truncated step 6; both are set aside."""
-    config = helpers.small_tfrecord_config(small_records, dropout=True, num_steps=8, log_every=1)
+    """A run resumed from its step-2 checkpoint reproduces the uninterrupted run's losses bit for bit (same
+    batches, dynamic masks and dropout). The two newer checkpoints are damaged: flipped bytes in step 4 (which
+    still reads, with other values: the checksums catch it) and a truncated step 3; both are set aside."""
+    config = helpers.small_tfrecord_config(small_records, dropout=True, num_steps=4, log_every=1)
     config.train.batch_size = 8
     config.model.num_layers = 1  # one layer shows exactness; the step compiles twice, as it would after a restart
     config.data.masking = "dynamic"
     config.data.eval_input_files = ""  # no evaluation: not what this test is about
-    config.checkpoint.every_steps = 2
+    config.checkpoint.every_steps = 1
     config.checkpoint.max_to_keep = 5
     run = tmp_path / "run"
     helpers.run_pretraining(copy.deepcopy(config), str(run))
     expected = helpers.metrics_by_step(run)
-    assert sorted(expected) == list(range(1, 9))
-    assert sorted(os.listdir(run / "checkpoints")) == ["2", "4", "6", "8"]
-    # Step 8: 64 bytes flipped in the middle of its largest file (compressed array data: it decodes, to other values).
-    largest = max((path for path in glob.glob(str(run / "checkpoints" / "8" / "state" / "**" / "*"), recursive=True)
+    assert sorted(expected) == list(range(1, 5))
+    assert sorted(os.listdir(run / "checkpoints")) == ["1", "2", "3", "4"]
+    # Step 4: 64 bytes flipped in the middle of its largest file (compressed array data: it decodes, to other values).
+    largest = max((path for path in glob.glob(str(run / "checkpoints" / "4" / "state" / "**" / "*"), recursive=True)
                    if os.path.isfile(path)), key=os.path.getsize)
     with open(largest, "r+b") as file:
         file.seek(os.path.getsize(largest) // 2)
         data = file.read(64)
         file.seek(-len(data), os.SEEK_CUR)
         file.write(bytes(byte ^ 0x01 for byte in data))
-    # Step 6: interrupted half-way through its write. Truncate every file of its state.
-    for path in glob.glob(str(run / "checkpoints" / "6" / "state" / "**" / "*"), recursive=True):
+    # Step 3: interrupted half-way through its write. Truncate every file of its state.
+    for path in glob.glob(str(run / "checkpoints" / "3" / "state" / "**" / "*"), recursive=True):
         if os.path.isfile(path) and os.path.getsize(path) > 0:
             with open(path, "r+b") as file:
                 file.truncate(os.path.getsize(path) // 2)
     with caplog.at_level(logging.INFO):
         helpers.run_pretraining(copy.deepcopy(config), str(run))
-    # Which of the two checks fires depends on the values the damage decodes to (here a NaN): either sets it aside.
-    assert re.search(rf"checkpoint {run / 'checkpoints' / '8'} is corrupt or partial \(CorruptCheckpointError: "
+    # Which of the two checks fires depends on the values the damage decodes to: either sets it aside.
+    assert re.search(rf"checkpoint {run / 'checkpoints' / '4'} is corrupt or partial \(CorruptCheckpointError: "
                      r"(NaN or infinite values in|\d+ array\(s\) read back with other values)", caplog.text)
-    assert f"checkpoint {run / 'checkpoints' / '6'} is corrupt or partial" in caplog.text
-    assert f"resumed from {run / 'checkpoints' / '4'} at step 4" in caplog.text
+    assert f"checkpoint {run / 'checkpoints' / '3'} is corrupt or partial" in caplog.text
+    assert f"resumed from {run / 'checkpoints' / '2'} at step 2" in caplog.text
     # Kept for inspection, not deleted.
-    assert sorted(os.listdir(run / "checkpoints")) == ["2", "4", "6", "6.corrupt", "8", "8.corrupt"]
-    # Steps 5-8 ran twice; the resumed run replaced the first run's records of them.
+    assert sorted(os.listdir(run / "checkpoints")) == ["1", "2", "3", "3.corrupt", "4", "4.corrupt"]
+    # Steps 3-4 ran twice; the resumed run replaced the first run's records of them.
     logged = [json.loads(line)["step"] for line in open(run / "metrics.jsonl", encoding="utf-8")]
-    assert logged == list(range(1, 9))
+    assert logged == list(range(1, 5))
     got = helpers.metrics_by_step(run)
-    for step in range(5, 9):
+    for step in range(3, 5):
         for name in ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "grad_norm"):
             assert got[step][name] == expected[step][name], (step, name)
 

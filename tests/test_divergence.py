@@ -159,19 +159,22 @@ def test_a_gradual_blow_up_leaves_only_checkpoints_a_sane_rerun_continues_from(t
         rerun = tmp_path / f"rerun_{step}"
         shutil.copytree(run, rerun)
         sane = copy.deepcopy(config)
-        sane.train.num_steps = spiked + 3
+        sane.train.num_steps = spiked + 1  # past the step that spiked, and no further
         with caplog.at_level(logging.INFO):
             final = helpers.run_pretraining(sane, str(rerun)).metrics
         assert f"resumed from {rerun / 'checkpoints' / str(step)} at step {step} " in caplog.text
-        assert final["step"] == spiked + 3
+        assert final["step"] == spiked + 1
 
 
 def test_skipped_batches_give_the_losses_of_a_run_without_them_and_the_rewind_happens_once(tmp_path, caplog,
                                                                                           monkeypatch):
     """Rewinding to checkpoint 2 and skipping 2 batches gives, bit for bit, the losses of an uninterrupted run whose
-    input lacks batches 2 and 3 (with dropout). The newer checkpoints are moved aside; rerunning the same command
+    input lacks batches 2 and 3 (with dropout). The newer checkpoint is moved aside; rerunning the same command
     later resumes from the newest checkpoint and skips nothing again."""
-    config = _config(num_steps=6, dropout=True)
+    config = _config(num_steps=4, dropout=True)
+    # The sharded mesh and batch of the exact-resume test (tests/test_checkpoint.py), whose train step it shares.
+    config.mesh.data, config.mesh.fsdp, config.mesh.tensor = 2, 2, 2
+    config.train.batch_size = 8
     config.checkpoint.every_steps = 2
     run = tmp_path / "run"
     helpers.run_pretraining(copy.deepcopy(config), str(run))
@@ -180,9 +183,9 @@ def test_skipped_batches_give_the_losses_of_a_run_without_them_and_the_rewind_ha
     with caplog.at_level(logging.INFO):
         helpers.run_pretraining(copy.deepcopy(rewind), str(run))
     directory = run / "checkpoints"
-    assert sorted(os.listdir(directory)) == ["2", "4", "4.rewound", "6", "6.rewound"]
+    assert sorted(os.listdir(directory)) == ["2", "4", "4.rewound"]
     assert "skipped 2 batches of input (--config.checkpoint.skip_batches)" in caplog.text
-    assert _health(directory, 6)["rewinds"] == [{"step": 2, "skip_batches": 2, "automatic": False}]
+    assert _health(directory, 4)["rewinds"] == [{"step": 2, "skip_batches": 2, "automatic": False}]
     rewound = _losses(run)
 
     def without_2_and_3(inner):
@@ -195,20 +198,20 @@ def test_skipped_batches_give_the_losses_of_a_run_without_them_and_the_rewind_ha
     helpers.run_pretraining(copy.deepcopy(config), str(reference))
     monkeypatch.undo()
     expected = _losses(reference)
-    assert sorted(rewound) == sorted(expected) == list(range(1, 7))
-    assert all(rewound[step] == expected[step] for step in range(1, 7)), (rewound, expected)
+    assert sorted(rewound) == sorted(expected) == list(range(1, 5))
+    assert all(rewound[step] == expected[step] for step in range(1, 5)), (rewound, expected)
     # The same command again, after the run went on: the rewind is already in effect.
     caplog.clear()
-    rewind.train.num_steps = 8
+    rewind.train.num_steps = 6
     with caplog.at_level(logging.INFO):
         helpers.run_pretraining(rewind, str(run))
     assert "--config.checkpoint.restore_step=2 (skip_batches=2) is already in effect" in caplog.text
-    assert f"resumed from {directory / '6'} at step 6 (input position: batch 8)" in caplog.text
-    assert sorted(os.listdir(directory)) == ["4", "4.rewound", "6", "6.rewound", "8"]
+    assert f"resumed from {directory / '4'} at step 4 (input position: batch 6)" in caplog.text
+    assert sorted(os.listdir(directory)) == ["2", "4", "4.rewound", "6"]
 
 
 def test_automatic_rewinds_skip_the_batch_that_diverged_and_never_loop_forever(tmp_path, caplog, monkeypatch):
-    config = _config(num_steps=8)
+    config = _config(num_steps=6)
     config.checkpoint.every_steps = 2
     config.checkpoint.max_rewinds = 2
     # One bad batch (input position 4, fed to step 5): one rewind to checkpoint 2, past it, and the run finishes.
@@ -216,15 +219,15 @@ def test_automatic_rewinds_skip_the_batch_that_diverged_and_never_loop_forever(t
     once = tmp_path / "once"
     with caplog.at_level(logging.INFO):
         final = helpers.run_pretraining(copy.deepcopy(config), str(once)).metrics
-    assert final["step"] == 8
+    assert final["step"] == 6
     assert "step 5 went non-finite (loss" in caplog.text
     assert "Rewinding to checkpoint 2, the newest verified one" in caplog.text
     assert "(automatic rewind 1 of checkpoint.max_rewinds=2)" in caplog.text
     assert f"resumed from {once / 'checkpoints' / '2'} at step 2 (input position: batch 5)" in caplog.text
     directory = once / "checkpoints"
-    assert sorted(os.listdir(directory)) == ["4", "4.diverged", "6", "8"]
-    assert _health(directory, 8)["rewinds"] == [{"step": 2, "skip_batches": 3, "automatic": True}]
-    assert sorted(_losses(once)) == list(range(1, 9))
+    assert sorted(os.listdir(directory)) == ["2", "4", "4.diverged", "6"]
+    assert _health(directory, 6)["rewinds"] == [{"step": 2, "skip_batches": 3, "automatic": True}]
+    assert sorted(_losses(once)) == list(range(1, 7))
     # Every batch from position 4 on is bad: two rewinds, then the error, naming the verified checkpoint 2.
     monkeypatch.undo()
     _wrap_training_input(monkeypatch, _poison(set(range(4, 100))))

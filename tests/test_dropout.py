@@ -8,6 +8,8 @@ it should be fresh) shows at these sample sizes.
 
 import copy
 import json
+import os
+import shutil
 
 import flax.linen as nn
 import jax
@@ -115,20 +117,23 @@ def test_rbg_dropout_keys_drop_their_rate(choice):
 
 
 def test_an_unsafe_rbg_run_resumes_bit_for_bit_and_only_with_its_kind_of_key(tmp_path):
-    """A run resumed from its checkpoint (the 4-word key saved and read back) gives the uninterrupted run's losses;
-    a threefry config is refused that checkpoint, naming train.dropout_rng."""
+    """A run resumed from its step-2 checkpoint (the 4-word key saved and read back) gives the uninterrupted run's
+    losses of steps 3 and 4; a threefry config is refused that checkpoint, naming train.dropout_rng."""
     config = helpers.tiny_config((-1, 1, 1), dropout=True, num_steps=4, log_every=1)
     config.model.num_layers = 1
     config.train.dropout_rng = "unsafe_rbg"
     config.checkpoint.every_steps = 2
     whole, resumed = tmp_path / "whole", tmp_path / "resumed"
     helpers.run_pretraining(copy.deepcopy(config), str(whole))
-    first = copy.deepcopy(config)
-    first.train.num_steps = 2
-    helpers.run_pretraining(first, str(resumed))
+    # The interrupted run: the uninterrupted one's workdir with its checkpoint 2 (saved mid-run) as the newest and no
+    # logged step, so that every loss compared below is the resumed run's.
+    shutil.copytree(whole, resumed)
+    shutil.rmtree(resumed / "checkpoints" / "4")
+    os.remove(resumed / "metrics.jsonl")
     helpers.run_pretraining(copy.deepcopy(config), str(resumed))
     losses = [[json.loads(line)["loss"] for line in open(run / "metrics.jsonl", encoding="utf-8")][-2:]
               for run in (whole, resumed)]
+    assert [json.loads(line)["step"] for line in open(resumed / "metrics.jsonl", encoding="utf-8")] == [3, 4]
     assert losses[0] == losses[1]
     threefry = copy.deepcopy(config)
     threefry.train.dropout_rng = "threefry"

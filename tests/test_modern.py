@@ -370,7 +370,8 @@ def test_a_modern_run_exports_a_directory_transformers_loads_as_modernbert(tmp_p
     model_config = modern.ModernConfig.from_config(config.model)
     params = export.restore_model_params(os.path.join(workdir, "checkpoints"), modern.ModernForMaskedLM(model_config),
                                          *layout.dummy_inputs())
-    logits = np.asarray(modern.ModernForMaskedLM(model_config).apply(
+    # Jitted: one program instead of a compile per operation of the model run eagerly.
+    logits = np.asarray(jax.jit(modern.ModernForMaskedLM(model_config).apply)(
         {"params": params}, jnp.asarray(inputs["input_ids"].numpy()),
         jnp.asarray(inputs["attention_mask"].numpy()))["mlm_logits"])[..., :500]
     real = inputs["attention_mask"].numpy().astype(bool)

@@ -32,8 +32,8 @@ def test_loop_logs_metrics_and_evaluates(trained_run):
 
 
 def test_a_one_step_run_still_logs_its_losses(tmp_path):
-    config = helpers.tiny_config((-1, 1, 1), num_steps=1, log_every=10)
-    config.model.num_layers = 1  # the losses of one step need no second layer, and it compiles faster
+    # The trained run's model, mesh and step (tests/_session.py): the run's compilation cache serves its programs.
+    config = helpers.tiny_config((2, 2, 2), num_steps=1, log_every=10)
     final = helpers.run_pretraining(config, str(tmp_path)).metrics
     assert final["step"] == 1
     assert final["mlm_loss"] == pytest.approx(np.log(helpers.TINY_VOCAB), rel=0.05)
@@ -134,7 +134,7 @@ def test_init_from_a_huggingface_model_continues_pretraining(tmp_path, caplog, m
         for want, got in zip(jax.tree.leaves(imported[name]), jax.tree.leaves(saved[name])):
             np.testing.assert_array_equal(got, want)
 
-    # Another architecture is refused naming the field (a small one: the state is created before the import).
+    # Another architecture is refused naming the field, as the config is prepared: before any state is made.
     config.model.update(hidden_size=192, num_layers=1, intermediate_size=384)
     with pytest.raises(ValueError, match=r"has hidden_size=384 but --config\.model\.hidden_size=192"):
         helpers.run_pretraining(config, str(tmp_path / "mismatch"))

@@ -145,22 +145,36 @@ def test_synthetic_batch_masks_distinct_real_tokens():
     assert (batch["input_ids"][batch["input_mask"] == 0] == 0).all()
 
 
-def test_benchmark_imports_no_tensorflow_or_torch():
-    # It must run on a JAX-only accelerator image: torch is imported only when the comparison runs.
-    code = ("import sys, bert_jax.benchmarks.step; bad = sorted({m.split('.')[0] for m in sys.modules} & "
-            "{'tensorflow', 'torch', 'transformers'}); assert not bad, bad")
-    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=120)
-
-
-def test_the_benchmarks_take_their_presets_from_bert_jax_not_configs():
-    # They run from an installed package, where no configs/ directory is at hand (DESIGN: presets from bert_jax).
-    code = ("import importlib, sys; from absl import flags\n"
+@pytest.fixture(scope="module")
+def benchmark_imports() -> dict:
+    """What a fresh interpreter loads importing the step benchmark alone, then every benchmark after it: one start
+    for the two tests below. Returns the top-level packages of interest loaded at each point."""
+    code = ("import importlib, json, sys; from absl import flags\n"
             "absl_flags = set(flags.FLAGS)\n"
-            "for name in ('step', 'export', 'checkpoint', 'compile', 'finetune', 'calibrate', 'input', 'data', 'gpu'):\n"
+            "loaded = {}\n"
+            "names = ('step', 'export', 'checkpoint', 'compile', 'finetune', 'calibrate', 'input', 'data', 'gpu')\n"
+            "for name in names:\n"
             "    importlib.import_module(f'bert_jax.benchmarks.{name}')\n"
             "    for flag in set(flags.FLAGS) - absl_flags: delattr(flags.FLAGS, flag)  # each defines its own\n"
-            "bad = sorted(m for m in sys.modules if m.split('.')[0] == 'configs'); assert not bad, bad")
-    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=180)
+            "    if name == 'step':\n"
+            "        loaded['step'] = sorted({m.split('.')[0] for m in sys.modules} & "
+            "{'tensorflow', 'torch', 'transformers'})\n"
+            "loaded['configs'] = sorted(m for m in sys.modules if m.split('.')[0] == 'configs')\n"
+            "print(json.dumps(loaded))")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=180,
+                            check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.splitlines()[-1])
+
+
+def test_benchmark_imports_no_tensorflow_or_torch(benchmark_imports):
+    # It must run on a JAX-only accelerator image: torch is imported only when the comparison runs.
+    assert not benchmark_imports["step"], benchmark_imports["step"]
+
+
+def test_the_benchmarks_take_their_presets_from_bert_jax_not_configs(benchmark_imports):
+    # They run from an installed package, where no configs/ directory is at hand (DESIGN: presets from bert_jax).
+    assert not benchmark_imports["configs"], benchmark_imports["configs"]
 
 
 @pytest.mark.parametrize("before, after", [(1.0e11, 2.0e11), (2.0e11, 1.0e11)])

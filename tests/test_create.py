@@ -43,14 +43,18 @@ ORIGINAL_NAME_TO_FEATURES = {
 
 
 def _records(pattern):
-    return [record.numpy() for path in sorted(glob.glob(str(pattern)))
-            for record in tf.data.TFRecordDataset(path)]
+    # In batches: one eager step per record would cost more than making the records.
+    return [record for path in sorted(glob.glob(str(pattern)))
+            for batch in tf.data.TFRecordDataset(path).batch(4096) for record in batch.numpy().tolist()]
 
 
 def _parse(records, spec=None):
+    """Each record as {feature: array}, parsed by TensorFlow in one call (not one eager call per record)."""
     spec = spec or ORIGINAL_NAME_TO_FEATURES
-    return [{name: value.numpy() for name, value in tf.io.parse_single_example(record, spec).items()}
-            for record in records]
+    if not records:
+        return []
+    parsed = {name: value.numpy() for name, value in tf.io.parse_example(records, spec).items()}
+    return [{name: value[index] for name, value in parsed.items()} for index in range(len(records))]
 
 
 def _varint(data, position):
@@ -204,13 +208,25 @@ def long_document_corpus(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def static_runs(long_document_corpus, tmp_path_factory):
+    """static_runs(whole_word_mask): (summary, parsed examples) of a dupe_factor=2 run on the long documents, made
+    on first use, so that a test needing one run does not make both."""
     runs = {}
-    for whole_word_mask in (False, True):
-        output_dir = tmp_path_factory.mktemp("wwm" if whole_word_mask else "static")
-        options = DataOptions(dupe_factor=2, whole_word_mask=whole_word_mask, seed=7)
-        summary = _make(long_document_corpus, output_dir, options, documents_per_chunk=10)
-        runs[whole_word_mask] = (summary, _parse(_records(output_dir / "train-*.tfrecord")))
-    return runs
+
+    def run(whole_word_mask):
+        if whole_word_mask not in runs:
+            output_dir = tmp_path_factory.mktemp("wwm" if whole_word_mask else "static")
+            options = DataOptions(dupe_factor=2, whole_word_mask=whole_word_mask, seed=7)
+            summary = _make(long_document_corpus, output_dir, options, documents_per_chunk=10)
+            runs[whole_word_mask] = (summary, _parse(_records(output_dir / "train-*.tfrecord")))
+        return runs[whole_word_mask]
+
+    return run
+
+
+@pytest.fixture(scope="module")
+def long_document_streams(long_document_corpus, tokenizer):
+    """_document_streams of the long documents, for the tests that find segments in them (read only)."""
+    return _document_streams(long_document_corpus, tokenizer)
 
 
 def _original_ids(example):
@@ -221,7 +237,7 @@ def _original_ids(example):
 
 
 def test_instances_have_the_original_structure(static_runs):
-    for summary, examples in static_runs.values():
+    for summary, examples in map(static_runs, (False, True)):
         assert len(examples) == summary["stats"]["instances"] > 2000
         for example in examples:
             ids, positions = _original_ids(example)
@@ -240,7 +256,7 @@ def test_instances_have_the_original_structure(static_runs):
 
 
 def test_masked_lm_follows_the_original_rule(static_runs):
-    summary, examples = static_runs[False]
+    summary, examples = static_runs(False)
     predictions = tokens = masked = kept = 0
     for example in examples:
         ids, positions = _original_ids(example)
@@ -260,7 +276,8 @@ def test_masked_lm_follows_the_original_rule(static_runs):
     assert abs(replaced / predictions - 0.1) < 0.02
 
 
-def test_next_sentence_labels_are_balanced_and_true(static_runs, long_document_corpus, tokenizer, tmp_path):
+def test_next_sentence_labels_are_balanced_and_true(static_runs, long_document_corpus, long_document_streams,
+                                                    tmp_path):
     # A document that draws a short target (short_seq_prob) pairs single sentences, all forced to label 1, so with
     # few documents the share swings with how many drew one (56% here); without short targets it must be ~50%.
     summary = _make(long_document_corpus, tmp_path, DataOptions(dupe_factor=2, short_seq_prob=0.0, seed=7),
@@ -269,10 +286,10 @@ def test_next_sentence_labels_are_balanced_and_true(static_runs, long_document_c
     assert abs(labels.mean() - 0.5) < 0.03
     assert summary["stats"]["nsp_random_fraction"] == pytest.approx(labels.mean())
 
-    summary, examples = static_runs[False]
+    summary, examples = static_runs(False)
     labels = np.array([example["next_sentence_labels"][0] for example in examples])
     assert summary["stats"]["nsp_random_fraction"] == pytest.approx(labels.mean())
-    streams = _document_streams(long_document_corpus, tokenizer)
+    streams = long_document_streams
     random_pairs = random_pairs_that_follow = 0
     for example, label in list(zip(examples, labels))[:400]:
         first, second = _segments({**example, "input_ids": _original_ids(example)[0]})
@@ -287,7 +304,7 @@ def test_next_sentence_labels_are_balanced_and_true(static_runs, long_document_c
 
 def test_whole_word_masking_keeps_words_together(static_runs, tokenizer):
     continuation = tokenizer.is_continuation
-    _, examples = static_runs[True]
+    _, examples = static_runs(True)
     words_masked = partially_masked = 0
     for example in examples:
         ids, positions = _original_ids(example)
@@ -311,7 +328,7 @@ def test_whole_word_masking_keeps_words_together(static_runs, tokenizer):
     assert words_masked > 100  # multi-piece words were in fact masked, whole
 
 
-def test_static_records_read_through_input_pipeline(static_runs, long_document_corpus, tmp_path):
+def test_static_records_read_through_input_pipeline(long_document_corpus, tmp_path):
     _make(long_document_corpus, tmp_path, DataOptions(dupe_factor=1, seed=3), num_shards=2, documents_per_chunk=10)
     dataset = input_pipeline.tfrecord_dataset(str(tmp_path / "train-*.tfrecord"), batch_size=8, max_seq_length=128,
                                               max_predictions_per_seq=20, training=False, seed=0)
@@ -413,21 +430,22 @@ def _follows(streams, first, second):
 UNMASKED_SPEC = {name: ORIGINAL_NAME_TO_FEATURES[name] for name in tfrecord.UNMASKED_FEATURES}
 
 
-def test_sentence_order_prediction(long_document_corpus, tokenizer, tmp_path):
+def test_sentence_order_prediction(long_document_corpus, long_document_streams, tmp_path):
     options = DataOptions(dupe_factor=1, sentence_order_prediction=True, masking="none", seed=5)
     summary = _make(long_document_corpus, tmp_path, options, documents_per_chunk=10)
     examples = _parse(_records(tmp_path / "train-*.tfrecord"), UNMASKED_SPEC)
     labels = np.array([example["next_sentence_labels"][0] for example in examples])
     assert abs(labels.mean() - 0.5) < 0.03 and summary["stats"]["nsp_random_fraction"] == pytest.approx(labels.mean())
     assert "swapped" in summary["next_sentence_labels"]
-    streams = _document_streams(long_document_corpus, tokenizer)
+    streams = long_document_streams
     for example, label in list(zip(examples, labels))[:300]:
         first, second = _segments(example)
         # Label 0: B is the text after A in one document; label 1: the two are swapped.
         assert _follows(streams, first, second) if label == 0 else _follows(streams, second, first)
 
 
-def test_unmasked_records_hold_real_text_and_feed_dynamic_masking(long_document_corpus, tokenizer, tmp_path):
+def test_unmasked_records_hold_real_text_and_feed_dynamic_masking(long_document_corpus, long_document_streams,
+                                                                  tokenizer, tmp_path):
     summary = _make(long_document_corpus, tmp_path, DataOptions(dupe_factor=1, masking="none"),
                     documents_per_chunk=10)
     assert summary["format"] == "unmasked" and summary["stats"]["predictions"] == 0
@@ -436,7 +454,7 @@ def test_unmasked_records_hold_real_text_and_feed_dynamic_masking(long_document_
         set(tfrecord.UNMASKED_FEATURES)
     examples = _parse(records, UNMASKED_SPEC)
     assert not any((example["input_ids"] == MASK).any() for example in examples)
-    streams = _document_streams(long_document_corpus, tokenizer)
+    streams = long_document_streams
     for example in examples[:200]:
         first, second = _segments(example)
         assert any(first in stream for stream in streams) and any(second in stream for stream in streams)

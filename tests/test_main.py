@@ -46,12 +46,13 @@ def _trained_run_flags(*fields):
     return [f"--config.{field}={TRAINED_RUN[field.split('.')[0]][field.split('.')[1]]}" for field in fields]
 
 
-def _run(args, tmp_path, program=(sys.executable, "-m", "bert_jax.main")):
+def _run(args, tmp_path, program=(sys.executable, "-m", "bert_jax.main"), **env_overrides):
     # JAX_PLATFORMS unset, as a user runs it: the driver picks the CPU quietly where libtpu is installed (the test
     # extra installs it) but no TPU is attached. The suite's XLA flags (tests/conftest.py: 8 devices, and at -O0 the
     # emitters that compile the steps in about 60% of the time) and its compilation cache, as every test's process.
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     env.pop("JAX_PLATFORMS", None)
+    env.update(env_overrides)
     return subprocess.run([*program, f"--workdir={tmp_path}", *args], cwd=helpers.ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
 
@@ -160,7 +161,10 @@ def test_a_failed_save_stops_the_run_with_one_message_and_the_last_checkpoint_re
     assert sorted(os.listdir(checkpoints)) == ["4"]
     # 256 KiB: the metrics files stay under it; a checkpoint's array data (6.5 MB) does not.
     full_disk = ("bash", "-c", 'ulimit -f 256 && exec "$0" "$@"', sys.executable, "-m", "bert_jax.main")
-    result = _run(args[1:] + ["--config.train.num_steps=40"], tmp_path, full_disk)
+    # The platform and allocator set as the driver would set them itself: no TPU probe (a JAX import) and no
+    # re-execution, which the README's quick start shows; here the process is for its file-size limit.
+    result = _run(args[1:] + ["--config.train.num_steps=40"], tmp_path, full_disk, JAX_PLATFORMS="cpu",
+                  GLIBC_TUNABLES=runtime.CPU_GLIBC_TUNABLES)
     assert result.returncode == 1, result.stderr[-3000:]
     [line] = [line for line in result.stderr.splitlines() if line.startswith("bert_jax: error: ")]
     assert line.startswith(f"bert_jax: error: saving checkpoint step 5 to {checkpoints / '5'} failed (")

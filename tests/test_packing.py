@@ -134,15 +134,20 @@ def _instance_index(unpacked, packed):
 def test_packed_rows_give_each_instance_its_unpacked_losses(tiny_model):
     _, model, params, unpacked, packed = tiny_model
     assert len(packed["input_ids"]) <= len(unpacked["input_ids"]) // 2
-    apply = jax.jit(lambda batch: model.apply({"params": params}, **train._model_inputs(batch)))
-    alone, together = apply(unpacked), apply(packed)
+
+    # The model and its per-instance NSP terms in one program: op by op, the terms would compile each operation for
+    # each batch shape on its own.
+    @jax.jit
+    def apply(batch):
+        outputs = model.apply({"params": params}, **train._model_inputs(batch))
+        return outputs, train._nsp_terms(outputs["nsp_logits"], batch)[0]
+
+    (alone, nsp_alone), (together, nsp_together) = apply(unpacked), apply(packed)
     assert together["nsp_logits"].shape == (len(packed["input_ids"]), INSTANCES, 2)
     row, slot, index = _instance_index(unpacked, packed)
 
     np.testing.assert_allclose(np.asarray(together["nsp_logits"])[row, slot], alone["nsp_logits"], rtol=1e-5,
                                atol=1e-6)
-    nsp_alone, _ = train._nsp_terms(alone["nsp_logits"], unpacked)
-    nsp_together, _ = train._nsp_terms(together["nsp_logits"], packed)
     np.testing.assert_allclose(np.asarray(nsp_together).reshape(index.shape)[row, slot], nsp_alone, rtol=1e-5)
 
     def mlm_sums(outputs, batch, owner):
@@ -163,7 +168,7 @@ def test_packed_rows_give_each_instance_its_unpacked_losses(tiny_model):
     # One instance per row, positions 0.. and instance id 1 for real tokens: exactly the unpacked model.
     single = dict(unpacked, position_ids=np.broadcast_to(np.arange(SEQ, dtype=np.int32), (24, SEQ)),
                   instance_ids=unpacked["input_mask"], nsp_positions=np.zeros((24, 1), np.int32))
-    np.testing.assert_allclose(apply(single)["nsp_logits"][:, 0], alone["nsp_logits"], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(apply(single)[0]["nsp_logits"][:, 0], alone["nsp_logits"], rtol=1e-5, atol=1e-6)
 
 
 def test_packed_loss_gradient_and_eval_sums_equal_unpacked(tiny_model):
@@ -188,8 +193,9 @@ def test_packed_loss_gradient_and_eval_sums_equal_unpacked(tiny_model):
     rows = np.arange(len(packed["input_ids"]))
     halves = [{name: value * (rows % 2 == part).reshape(-1, *[1] * (value.ndim - 1)).astype(value.dtype)
                for name, value in packed.items()} for part in (0, 1)]
-    summed = jax.tree.map(lambda a, b: a + b, *(grad_fn(params, half, jax.random.key(0), *denominators)[1]
-                                                for half in halves))
+    # Added on the host: on the devices each parameter shape would compile an addition of its own.
+    summed = jax.tree.map(np.add, *(jax.device_get(grad_fn(params, half, jax.random.key(0), *denominators)[1])
+                                    for half in halves))
     for a, b in zip(jax.tree.leaves(summed), jax.tree.leaves(grads)):
         np.testing.assert_allclose(a, b, atol=1e-6 * scale, rtol=0)
 

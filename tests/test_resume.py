@@ -19,6 +19,7 @@ import time
 import numpy as np
 import pytest
 
+from bert_jax import runtime
 from configs import pretrain
 from tests import helpers
 from tests import test_metrics
@@ -51,17 +52,19 @@ LOSSES = ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy", "grad_
 
 
 def _env(devices):
-    """This process's environment and XLA flags (conftest's: the driver's CPU options), with `devices` devices."""
+    """This process's environment and XLA flags (conftest's: the driver's CPU options), with `devices` devices, and
+    the allocator settings a CPU driver re-executes itself to get, set already: one interpreter start per driver."""
     flags = [flag for flag in os.environ.get("XLA_FLAGS", "").split()
              if not flag.startswith("--xla_force_host_platform_device_count")]
     return dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2",
+                GLIBC_TUNABLES=os.environ.get("GLIBC_TUNABLES", runtime.CPU_GLIBC_TUNABLES),
                 XLA_FLAGS=" ".join([*flags, f"--xla_force_host_platform_device_count={devices}"]))
 
 
 # The drivers a test started, killed when it ends (a failed assertion leaves an endless run going otherwise).
 _STARTED = []
 # And when the worker that started them dies (killed at its time limit): setpriv (util-linux) has the kernel
-# SIGKILL a driver whose parent is gone, across the driver's re-execution of itself.
+# SIGKILL a driver whose parent is gone (the setting outlives exec).
 _DIE_WITH_PARENT = ("setpriv", "--pdeathsig", "KILL") if shutil.which("setpriv") else ()
 
 

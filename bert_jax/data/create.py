@@ -30,6 +30,7 @@ Beyond the original:
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import functools
 import itertools
@@ -167,6 +168,30 @@ _worker_processor: ChunkProcessor | None = None
 _worker_error: BaseException | None = None
 
 
+# The driver's module: a spawned worker imports its parent's __main__ first, and this one imports JAX, Flax and Orbax
+# (about 2 CPU-s a worker) for nothing: the workers run this module's functions only.
+_DRIVER_MODULE = "bert_jax.main"
+
+
+@contextlib.contextmanager
+def _workers_without_the_driver():
+    """While workers start from the driver (`python -m bert_jax.main`), its __main__ is not named to them, so they do
+    not import it. Any other __main__ (a user's script, whose functions a worker may need) is left as it is."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is None or spec.name != _DRIVER_MODULE:
+        yield
+        return
+    main.__spec__ = None
+    path = main.__dict__.pop("__file__", None)
+    try:
+        yield
+    finally:
+        main.__spec__ = spec
+        if path is not None:
+            main.__file__ = path
+
+
 def _init_worker(tokenizer: tokenization.Tokenizer, options: DataOptions) -> None:
     # Each worker is one process on one core: the tokenizer's own thread pool would only oversubscribe the machine.
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
@@ -259,7 +284,8 @@ def create_pretraining_data(source: str, tokenizer_path: str, output_dir: str, o
         nonlocal pool
         # Not fork: the tokenizers' thread pools (and TensorFlow, where a caller imported it) do not survive it.
         context = multiprocessing.get_context("spawn")
-        pool = context.Pool(num_workers, initializer=_init_worker, initargs=(tokenizer, options))
+        with _workers_without_the_driver():
+            pool = context.Pool(num_workers, initializer=_init_worker, initargs=(tokenizer, options))
         return pool
 
     try:

@@ -157,7 +157,8 @@ def test_remat_leaves_loss_and_gradients_unchanged(remat, scan_layers):
 
 def test_scanned_program_does_not_grow_with_depth():
     # A proxy for compile time that asserts no timing: the lowered gradient program of the scanned model has the
-    # same number of lines at any depth, while the unrolled one grows with it.
+    # same number of lines at any depth, while the unrolled one grows with it (a third layer adds ~370 lines; each
+    # unrolled layer costs its own tracing, so the unrolled model grows by one layer only).
     def program_lines(config):
         model = model_lib.BertForPreTraining(config)
         abstract = jax.eval_shape(lambda: nn.meta.unbox(model.init(jax.random.key(0), **_inputs())))
@@ -165,7 +166,7 @@ def test_scanned_program_does_not_grow_with_depth():
         return len(jax.jit(grad).lower(abstract).as_text().splitlines())
 
     assert program_lines(_config(scan_layers=True)) == program_lines(_config(scan_layers=True, num_layers=6))
-    assert program_lines(_config(num_layers=6)) > program_lines(_config()) + 100
+    assert program_lines(_config(num_layers=3)) > program_lines(_config()) + 100
 
 
 # --- the last layer at the rows the heads read -----------------------------------------------------------------

@@ -98,9 +98,11 @@ def test_every_parameter_has_logical_axis_names():
         assert len(box.names) == box.value.ndim
 
 
+@functools.lru_cache(maxsize=None)
 def _jit_apply(model):
     """`model.apply` jitted: run op by op, each of the model's operations is compiled as a program of its own (and
-    a gradient's too), which costs far more than compiling the whole forward pass once."""
+    a gradient's too), which costs far more than compiling the whole forward pass once. One per model (modules of
+    equal configs are equal) for the module: tests applying the same model to the same shapes trace it once."""
     return jax.jit(model.apply, static_argnames=("output_hidden_states",))
 
 
@@ -226,9 +228,10 @@ def test_bfloat16_training_tracks_float32():
     for dtype in ("float32", "bfloat16"):
         config = helpers.tiny_config()
         config.model.dtype = dtype
+        config.model.num_layers = 1  # bfloat16 rounds in every layer alike: a second one adds only compile time
         losses[dtype], state, _ = helpers.train_steps(config, jax.devices()[:1], 6)
         assert all(leaf.dtype == jnp.float32 for leaf in jax.tree.leaves(state.params))
-    # Six AdamW steps of the tiny preset on one batch: the loss falls by more than 1; bfloat16 compute stays
+    # Six AdamW steps of the one-layer tiny preset on one batch: the loss falls by more than 1; bfloat16 compute stays
     # within 0.01 of float32 at every step.
     assert losses["float32"][-1] < losses["float32"][0] - 1.0, losses
     np.testing.assert_allclose(losses["bfloat16"], losses["float32"], atol=0.01)
@@ -307,9 +310,9 @@ def _transformers_twin(tmp_path, architecture: str, head: str, **hf_overrides):
 @pytest.mark.xla_optimized
 def test_token_classification_logits_and_gradients_equal_transformers(tmp_path):
     """From the same weights (transformers' BertForTokenClassification saved, its encoder imported, its classifier
-    copied), dropout off: the logits at every real position, and the gradients of the mean cross-entropy over
-    the labelled positions (-100 ignored, as both sides do), equal transformers' within 1e-4 of their scale; one
-    fine-tuning step moves the parameters as transformers' with torch's AdamW."""
+    copied), dropout off: the logits at every real position, and the fine-tuning train step's loss (the mean
+    cross-entropy over the labelled positions, -100 ignored, as both sides do) and gradients, equal transformers'
+    within 1e-4 of their scale; that one fine-tuning step moves the parameters as transformers' with torch's AdamW."""
     import torch  # pylint: disable=import-outside-toplevel
     from bert_jax.data import conll  # pylint: disable=import-outside-toplevel
     theirs, config, params = _transformers_twin(tmp_path, "BertForTokenClassification", "classifier", num_labels=5)
@@ -320,24 +323,32 @@ def test_token_classification_logits_and_gradients_equal_transformers(tmp_path):
     labels = np.where(mask == 1, rng.integers(0, 5, ids.shape), conll.IGNORE).astype(np.int32)
     labels[:, 0] = conll.IGNORE
     segments = np.zeros_like(ids)
-    model = model_lib.BertForTokenClassification(config, 5)
 
-    def loss_fn(params):
-        logits = model.apply({"params": params}, ids, mask, segments)["logits"]
-        scored = labels != conll.IGNORE
-        losses = -jnp.take_along_axis(jax.nn.log_softmax(logits), np.maximum(labels, 0)[..., None], -1)[..., 0]
-        return jnp.sum(losses * scored) / scored.sum(), logits
+    def their_loss():
+        return theirs(input_ids=torch.tensor(ids, dtype=torch.long), attention_mask=torch.tensor(mask),
+                      token_type_ids=torch.tensor(segments, dtype=torch.long),
+                      labels=torch.tensor(labels, dtype=torch.long))
 
-    (loss, logits), grads = jax.jit(jax.value_and_grad(loss_fn, has_aux=True))(params)
-    output = theirs(input_ids=torch.tensor(ids, dtype=torch.long), attention_mask=torch.tensor(mask),
-                    token_type_ids=torch.tensor(segments, dtype=torch.long), labels=torch.tensor(labels,
-                                                                                               dtype=torch.long))
+    output = their_loss()
     output.loss.backward()
+    # Copied: the step below computes torch's gradients again (and clips them in place).
+    named = {name: parameter.grad.numpy().copy() for name, parameter in theirs.named_parameters()}
+    no_dropout = dataclasses.replace(config, dropout_rate=0.0, attention_dropout_rate=0.0)  # theirs is in eval()
+    model = model_lib.BertForTokenClassification(no_dropout, 5)
+    batch = {"input_ids": ids, "input_mask": mask, "segment_ids": segments, "label_ids": labels,
+             "weights": np.ones(3, np.float32)}
+    metrics, grads, logits = _one_finetuning_step_equals_torch(
+        model, jax.tree.map(jnp.asarray, params), batch, theirs, lambda: their_loss().loss,
+        [("classifier/kernel", "classifier.weight", True),
+         ("layer_1/output/kernel", "bert.encoder.layer.1.output.dense.weight", True),
+         ("layer_0/attention/query/kernel", "bert.encoder.layer.0.attention.self.query.weight", True),
+         ("embeddings/word_embeddings/embedding", "bert.embeddings.word_embeddings.weight", False)],
+        forward=lambda params, batch: model.apply({"params": params}, batch["input_ids"], batch["input_mask"],
+                                                  batch["segment_ids"])["logits"])
     real = mask == 1
     their_logits = output.logits.detach().numpy()
     np.testing.assert_allclose(np.asarray(logits)[real], their_logits[real], atol=1e-4 * np.abs(their_logits).max())
-    assert float(loss) == pytest.approx(float(output.loss), rel=1e-5)
-    named = {name: parameter.grad.numpy() for name, parameter in theirs.named_parameters()}
+    assert float(metrics["loss"]) == pytest.approx(float(output.loss), rel=1e-5)
     pairs = [(grads["classifier"]["kernel"], named["classifier.weight"].T),
              (grads["layer_1"]["output"]["kernel"], named["bert.encoder.layer.1.output.dense.weight"].T),
              (grads["layer_0"]["attention"]["query"]["kernel"],
@@ -345,32 +356,28 @@ def test_token_classification_logits_and_gradients_equal_transformers(tmp_path):
              (grads["embeddings"]["word_embeddings"]["embedding"], named["bert.embeddings.word_embeddings.weight"])]
     for ours, expected in pairs:
         np.testing.assert_allclose(np.asarray(ours), expected, atol=1e-4 * np.abs(expected).max())
-    no_dropout = dataclasses.replace(config, dropout_rate=0.0, attention_dropout_rate=0.0)  # theirs is in eval()
-    batch = {"input_ids": ids, "input_mask": mask, "segment_ids": segments, "label_ids": labels,
-             "weights": np.ones(3, np.float32)}
-    _one_finetuning_step_equals_torch(
-        model_lib.BertForTokenClassification(no_dropout, 5), jax.tree.map(jnp.asarray, params), batch, theirs,
-        lambda: theirs(input_ids=torch.tensor(ids, dtype=torch.long), attention_mask=torch.tensor(mask),
-                       token_type_ids=torch.tensor(segments, dtype=torch.long),
-                       labels=torch.tensor(labels, dtype=torch.long)).loss,
-        [("classifier/kernel", "classifier.weight", True),
-         ("layer_1/output/kernel", "bert.encoder.layer.1.output.dense.weight", True),
-         ("layer_0/attention/query/kernel", "bert.encoder.layer.0.attention.self.query.weight", True),
-         ("embeddings/word_embeddings/embedding", "bert.embeddings.word_embeddings.weight", False)])
 
 
-def _one_finetuning_step_equals_torch(model, params, batch, theirs, their_loss, pairs, learning_rate=1e-3):
+def _one_finetuning_step_equals_torch(model, params, batch, theirs, their_loss, pairs, learning_rate=1e-3,
+                                      forward=None):
     """One step of bert_jax's fine-tuning train step (the recipe's AdamW: weight decay on matrices only, clipping
-    at global norm 1) moves the parameters as torch's AdamW with the same groups and clipping moves transformers'."""
+    at global norm 1) moves the parameters as torch's AdamW with the same groups and clipping moves transformers'.
+
+    Returns the step's metrics, its gradient (read back from AdamW's first moment) and `forward(params, batch)` of
+    the parameters before the step, computed in the step's program (one compile at full optimisation, not two)."""
     import torch  # pylint: disable=import-outside-toplevel
     from bert_jax import finetune, optim, train  # pylint: disable=import-outside-toplevel
     from configs import finetune as finetune_recipe  # pylint: disable=import-outside-toplevel
+    from tests.test_sharding import _first_step_gradients  # pylint: disable=import-outside-toplevel
     optim_config = finetune_recipe.get_config().optim
     optim_config.learning_rate, optim_config.warmup_steps = learning_rate, 0
     tx, schedule = optim.create_optimizer(optim_config, 10)
     state = train.TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
-    step = jax.jit(finetune.make_train_step(model, tx, schedule, ()))
-    state, _ = step(state, batch, jax.random.key(0))
+    train_step = finetune.make_train_step(model, tx, schedule, ())
+    step = jax.jit(lambda state, batch, rng: (*train_step(state, batch, rng),
+                                              forward(state.params, batch) if forward else None))
+    state, metrics, forwarded = step(state, batch, jax.random.key(0))
+    grads = _first_step_gradients(jax.device_get(state.opt_state), float(metrics["grad_norm"]), optim_config)
     named = dict(theirs.named_parameters())
     before = {name: value.detach().numpy().copy() for name, value in named.items()}
     groups = [{"params": [p for p in named.values() if p.ndim > 1], "weight_decay": optim_config.weight_decay},
@@ -388,6 +395,7 @@ def _one_finetuning_step_equals_torch(model, params, batch, theirs, their_loss, 
         their_moved = (expected - before[name]).T if transpose else expected - before[name]
         assert np.abs(their_moved).max() > 0.5 * learning_rate, name  # Adam's first step moves by about lr
         np.testing.assert_allclose(ours_moved, their_moved, atol=1e-2 * learning_rate, err_msg=name)
+    return metrics, grads, forwarded
 
 
 @pytest.mark.xla_optimized
@@ -410,10 +418,6 @@ def test_question_answering_logits_loss_and_one_training_step_equal_transformers
              "weights": np.ones(3, np.float32)}
     from bert_jax import finetune  # pylint: disable=import-outside-toplevel
     eval_step = finetune.make_eval_step(model, ())
-    # The logits and the eval step's sums in one program: one compile at full optimisation instead of two.
-    outputs, sums = jax.jit(lambda params, batch: (
-        model.apply({"params": params}, batch["input_ids"], batch["input_mask"], batch["segment_ids"]),
-        eval_step(params, batch)))(params, batch)
 
     def their_loss():
         return theirs(input_ids=torch.tensor(ids, dtype=torch.long), attention_mask=torch.tensor(mask),
@@ -422,17 +426,22 @@ def test_question_answering_logits_loss_and_one_training_step_equal_transformers
                       end_positions=torch.tensor(positions[:, 1], dtype=torch.long))
 
     with torch.no_grad():
-        output = their_loss()
+        output = their_loss()  # before the step below moves transformers' parameters
+    # The logits and the eval step's sums computed in the train step's program: one compile at full optimisation.
+    _, _, (outputs, sums) = _one_finetuning_step_equals_torch(
+        model, params, batch, theirs, lambda: their_loss().loss, [
+            # qa_outputs.bias is left out: a shift of every start (end) score leaves the softmax unchanged, so its
+            # gradient is zero up to rounding, and Adam's first step turns that rounding into +-1e-5 either way.
+            ("qa_outputs/kernel", "qa_outputs.weight", True),
+            ("layer_1/output/kernel", "bert.encoder.layer.1.output.dense.weight", True),
+            ("layer_0/attention/query/kernel", "bert.encoder.layer.0.attention.self.query.weight", True),
+            ("embeddings/word_embeddings/embedding", "bert.embeddings.word_embeddings.weight", False)],
+        forward=lambda params, batch: (
+            model.apply({"params": params}, batch["input_ids"], batch["input_mask"], batch["segment_ids"]),
+            eval_step(params, batch)))
     real = mask == 1
     for ours, expected in ((outputs["start_logits"], output.start_logits), (outputs["end_logits"], output.end_logits)):
         expected = expected.numpy()
         np.testing.assert_allclose(np.asarray(ours)[real], expected[real], atol=1e-4 * np.abs(expected).max())
     np.testing.assert_array_equal(outputs["logits"][:, 0], outputs["start_logits"])
     assert float(sums["loss_sum"] / sums["count"]) == pytest.approx(float(output.loss), rel=1e-5)
-    _one_finetuning_step_equals_torch(model, params, batch, theirs, lambda: their_loss().loss, [
-        # qa_outputs.bias is left out: a shift of every start (end) score leaves the softmax unchanged, so its
-        # gradient is zero up to rounding, and Adam's first step turns that rounding into +-1e-5 either way.
-        ("qa_outputs/kernel", "qa_outputs.weight", True),
-        ("layer_1/output/kernel", "bert.encoder.layer.1.output.dense.weight", True),
-        ("layer_0/attention/query/kernel", "bert.encoder.layer.0.attention.self.query.weight", True),
-        ("embeddings/word_embeddings/embedding", "bert.embeddings.word_embeddings.weight", False)])

@@ -30,13 +30,20 @@ def _shell_env() -> dict:
     return env
 
 
+def _finetune_env() -> dict:
+    """`_shell_env` with one OpenMP thread for the fine-tuning benchmark's torch side: on a host whose cores are all
+    busy, torch's spinning OpenMP threads slow its few tiny steps a hundredfold; the tests check figures, not speed."""
+    return dict(_shell_env(), OMP_NUM_THREADS="1")
+
+
 def test_run_reports_jax_and_torch_steps_with_consistent_flops():
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     lines = []
-    # Four of the eight fake devices: batch 4 is then one sequence per device, a really sharded step.
+    # Four of the eight fake devices: batch 4 is then one sequence per device, a really sharded step. One torch
+    # thread: on a host whose cores are all busy, torch's spinning OpenMP threads slow its steps many times over.
     results = benchmark.run(["tiny"], seq_length=32, batch_size=4, steps=2, warmup=0, matmul_size=256,
-                            compare_torch=True, devices=jax.devices()[:4], print_fn=lines.append)
+                            compare_torch=True, threads=1, devices=jax.devices()[:4], print_fn=lines.append)
     (result,) = results
     assert result["max_predictions"] == 5  # 15% of 32
     assert len(result["step_times"]) == 2 and min(result["step_times"]) > 0 and result["step_s"] > 0
@@ -244,7 +251,7 @@ def test_finetune_benchmark_times_our_job_and_transformers_on_the_same_task():
         [sys.executable, "-m", "bert_jax.benchmarks.finetune", "--steps=4", "--log_every=2", "--rounds=1",
          "--examples=64", "--layers=1", "--hidden=32", "--heads=2", "--intermediate=64", "--vocab_size=300",
          "--seq_length=16", "--batch_size=8"],
-        cwd=ROOT, env=_shell_env(), capture_output=True, text=True, timeout=280, check=False)
+        cwd=ROOT, env=_finetune_env(), capture_output=True, text=True, timeout=280, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.splitlines()
     for side in ("jax", "torch"):
@@ -279,7 +286,7 @@ def test_finetune_benchmark_times_token_classification_and_question_answering(ta
         [sys.executable, "-m", "bert_jax.benchmarks.finetune", f"--task={task}", "--steps=4", "--log_every=2",
          "--rounds=1", "--examples=32", "--layers=1", "--hidden=32", "--heads=2", "--intermediate=64",
          "--vocab_size=300", "--seq_length=32", "--batch_size=8", f"--json_out={out}"],
-        cwd=ROOT, env=_shell_env(), capture_output=True, text=True, timeout=280, check=False)
+        cwd=ROOT, env=_finetune_env(), capture_output=True, text=True, timeout=280, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.startswith(f"task: {task}, 32 ")
     runs = json.loads(out.read_text())
@@ -319,9 +326,10 @@ def test_the_modern_encoder_is_timed_against_transformers_modernbert_on_the_same
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     lines = []
+    # One torch thread (see test_run_reports_jax_and_torch_steps_with_consistent_flops): figures checked, not speed.
     (result,) = benchmark.run(["tiny"], seq_length=32, batch_size=2, steps=1, warmup=0, matmul_size=256,
-                              compare_torch=True, devices=jax.devices()[:1], print_fn=lines.append, matmuls="off",
-                              arch="modern")
+                              compare_torch=True, threads=1, devices=jax.devices()[:1], print_fn=lines.append,
+                              matmuls="off", arch="modern")
     assert type(result["model_config"]).__name__ == "ModernConfig"
     assert result["flops_per_step"] == metrics_lib.model_flops_per_sequence(result["model_config"], 32, 5) * 2
     assert result["executed_flops_per_step"] == result["flops_per_step"]  # every row of every layer

@@ -24,7 +24,10 @@ def test_the_gpu_check_runs_to_its_table_without_tensorflow(tmp_path):
     (fake / "__init__.py").write_text("raise ImportError('tensorflow is not installed here')\n")
     # One CPU device: the suite's 8 fake ones would partition every program for nothing here.
     xla_flags = os.environ.get("XLA_FLAGS", "").replace("device_count=8", "device_count=1")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(fake.parent), ROOT]), XLA_FLAGS=xla_flags)
+    # One torch thread: on a host whose cores are all busy, torch's spinning OpenMP threads slow its tiny steps many
+    # times over; the check's figures are checked, not its speed.
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(fake.parent), ROOT]), XLA_FLAGS=xla_flags,
+               OMP_NUM_THREADS="1")
     out = tmp_path / "out"
     # cudnn falls back to xla on the CPU; the pack shape is the first shape,
     # so its unpacked side is timed with that row's executable. --dtype is left to auto: float32 on a CPU.

@@ -540,6 +540,13 @@ def torch_jobs(jax_result: dict) -> list[dict]:
     return jobs
 
 
+def _torch_threads() -> int:
+    """torch's CPU threads: OpenMP's setting where one is made (OMP_NUM_THREADS), else every core this process may
+    use, as XLA:CPU's pool."""
+    setting = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    return int(setting) if setting.isdigit() and int(setting) > 0 else step_lib.schedulable_cores()
+
+
 def run_torch_side(jobs: list[dict], steps: int, warmup: int, deadline: float, platform: str, dtype: str,
                    write=None) -> dict:
     """transformers' step for each job on `platform`'s torch device; write(result), if given, gets the result so
@@ -567,14 +574,14 @@ def run_torch_side(jobs: list[dict], steps: int, warmup: int, deadline: float, p
                                                  step_lib.default_max_predictions(job["seq_length"]),
                                                  config.vocab_size)
                 for gathered in (False, True):
-                    measured = torch_reference.benchmark_step(config, batch, steps, warmup, os.cpu_count() or 1,
+                    measured = torch_reference.benchmark_step(config, batch, steps, warmup, _torch_threads(),
                                                               gathered, device=device)
                     result["gathered_step_s" if gathered else "step_s"] = measured["step_s"]
                     result["gathered_peak_bytes" if gathered else "peak_bytes"] = measured["peak_bytes"]
                     result.update(loss=measured["loss"], attention=measured["attention"], device=measured["device"])
             else:
                 batch = finetune_batch(job["task"], job["batch_size"], job["seq_length"], config.vocab_size, 2)
-                measured = torch_reference.benchmark_step(config, batch, steps, warmup, os.cpu_count() or 1, False,
+                measured = torch_reference.benchmark_step(config, batch, steps, warmup, _torch_threads(), False,
                                                           device=device, task=job["task"],
                                                           num_labels=TASK_LABELS[job["task"]])
                 result.update(step_s=measured["step_s"], peak_bytes=measured["peak_bytes"], loss=measured["loss"],

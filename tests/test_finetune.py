@@ -216,10 +216,10 @@ def test_downstream_models_share_the_pretraining_parameter_tree_and_outputs():
     assert {k: v for k, v in classifier.items() if not k.startswith("['classifier']")} == encoder
     assert classifier["['classifier']['kernel']"] == ((32, 5), ("embed", "classes"))
 
-    # Each call compiled whole: op by op, each operation would be a program of its own.
+    # Weights over the init's shapes (no init to compile); each call compiled whole: op by op, each operation would
+    # be a program of its own.
     pretraining = model_lib.BertForPreTraining(config)
-    params = nn.meta.unbox(jax.jit(pretraining.init)(jax.random.key(1), ids, mask, segments,
-                                                     np.zeros((2, 1), np.int32)))["params"]
+    params = helpers.random_params(pretraining, ids, mask, segments, np.zeros((2, 1), np.int32), seed=1)
     full = jax.jit(functools.partial(pretraining.apply, output_hidden_states=True))(
         {"params": params}, ids, mask, segments, np.zeros((2, 1), np.int32))
     shared = {k: v for k, v in params.items() if model_lib.is_encoder_parameter(k)}

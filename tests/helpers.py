@@ -6,6 +6,7 @@ import os
 import flax.linen as nn
 import jax
 import numpy as np
+import optax
 
 from bert_jax.data import input_pipeline
 from bert_jax import finetune as finetune_lib
@@ -190,3 +191,16 @@ def random_params(module, *args, seed=1, **kwargs):
         return (1 + 0.1 * noise if path[-1].key == "scale" else 0.02 * noise).astype(leaf.dtype)
 
     return jax.tree_util.tree_map_with_path(draw, abstract)
+
+
+def first_step_gradients(opt_state, grad_norm, optim_config):
+    """The first step's gradient, read back from AdamW's first moment.
+
+    After one step mu = (1 - b1) * clip(g), and clip(g) = g * min(1, max_grad_norm / |g|), with |g| the grad_norm
+    metric: so one compiled train step yields the loss, every gradient and the optimizer's steps, without compiling
+    a separate gradient function per mesh.
+    """
+    [adam] = [s for s in jax.tree.leaves(opt_state, is_leaf=lambda s: isinstance(s, optax.ScaleByAdamState))
+              if isinstance(s, optax.ScaleByAdamState)]
+    scale = max(1.0, grad_norm / optim_config.max_grad_norm) / (1 - optim_config.b1)
+    return jax.tree.map(lambda mu: np.asarray(mu, np.float64) * scale, adam.mu)

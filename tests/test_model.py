@@ -368,7 +368,6 @@ def _one_finetuning_step_equals_torch(model, params, batch, theirs, their_loss, 
     import torch  # pylint: disable=import-outside-toplevel
     from bert_jax import finetune, optim, train  # pylint: disable=import-outside-toplevel
     from configs import finetune as finetune_recipe  # pylint: disable=import-outside-toplevel
-    from tests.test_sharding import _first_step_gradients  # pylint: disable=import-outside-toplevel
     optim_config = finetune_recipe.get_config().optim
     optim_config.learning_rate, optim_config.warmup_steps = learning_rate, 0
     tx, schedule = optim.create_optimizer(optim_config, 10)
@@ -377,7 +376,7 @@ def _one_finetuning_step_equals_torch(model, params, batch, theirs, their_loss, 
     step = jax.jit(lambda state, batch, rng: (*train_step(state, batch, rng),
                                               forward(state.params, batch) if forward else None))
     state, metrics, forwarded = step(state, batch, jax.random.key(0))
-    grads = _first_step_gradients(jax.device_get(state.opt_state), float(metrics["grad_norm"]), optim_config)
+    grads = helpers.first_step_gradients(jax.device_get(state.opt_state), float(metrics["grad_norm"]), optim_config)
     named = dict(theirs.named_parameters())
     before = {name: value.detach().numpy().copy() for name, value in named.items()}
     groups = [{"params": [p for p in named.values() if p.ndim > 1], "weight_decay": optim_config.weight_decay},

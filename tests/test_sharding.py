@@ -8,7 +8,6 @@ import dataclasses
 
 import jax
 import numpy as np
-import optax
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
@@ -83,19 +82,6 @@ class Run:
     initial_state: train.TrainState
 
 
-def _first_step_gradients(opt_state, grad_norm, optim_config):
-    """The first step's gradient, read back from AdamW's first moment.
-
-    After one step mu = (1 - b1) * clip(g), and clip(g) = g * min(1, max_grad_norm / |g|), with |g| the grad_norm
-    metric: so one compiled train step yields the loss, every gradient and the optimizer's steps, without compiling
-    a separate gradient function per mesh.
-    """
-    [adam] = [s for s in jax.tree.leaves(opt_state, is_leaf=lambda s: isinstance(s, optax.ScaleByAdamState))
-              if isinstance(s, optax.ScaleByAdamState)]
-    scale = max(1.0, grad_norm / optim_config.max_grad_norm) / (1 - optim_config.b1)
-    return jax.tree.map(lambda mu: np.asarray(mu, np.float64) * scale, adam.mu)
-
-
 def _train(mesh_shape, batches, dropout=True, grad_accum_steps=1, initial_state=None):
     """len(batches) steps of the training loop's jitted train step (state donated) over the mesh, from a state
     created on the mesh or, given `initial_state` (a Run's), that state placed on it (no initialisation compiled)."""
@@ -117,7 +103,7 @@ def _train(mesh_shape, batches, dropout=True, grad_accum_steps=1, initial_state=
             losses.append(float(metrics["loss"]))
             if len(losses) == 1:
                 first_grad_norm = float(metrics["grad_norm"])
-                first_grads = _first_step_gradients(jax.device_get(state.opt_state), first_grad_norm, config.optim)
+                first_grads = helpers.first_step_gradients(jax.device_get(state.opt_state), first_grad_norm, config.optim)
         return Run(initial_params, np.array(losses), first_grad_norm, first_grads, jax.device_get(state),
                    initial_state)
 

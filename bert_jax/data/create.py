@@ -168,22 +168,17 @@ _worker_processor: ChunkProcessor | None = None
 _worker_error: BaseException | None = None
 
 
-# The driver's module: a spawned worker imports its parent's __main__ first, and this one imports JAX, Flax and Orbax
-# (about 2 CPU-s a worker) for nothing: the workers run this module's functions only.
-_DRIVER_MODULE = "bert_jax.main"
-
-
 @contextlib.contextmanager
-def _workers_without_the_driver():
-    """While workers start from the driver (`python -m bert_jax.main`), its __main__ is not named to them, so they do
-    not import it. Any other __main__ (a user's script, whose functions a worker may need) is left as it is."""
+def _workers_without_main():
+    """A spawned worker first imports its parent's __main__, for functions pickled from it. The workers get only this
+    module's functions, our tokenizer and options, and text, so they skip it, unless this module is __main__ itself
+    (the data command line): the driver's (bert_jax.main) imports JAX, Flax and Orbax, about 2 CPU-s a worker."""
     main = sys.modules.get("__main__")
-    spec = getattr(main, "__spec__", None)
-    if spec is None or spec.name != _DRIVER_MODULE:
+    if __name__ == "__main__" or main is None:
         yield
         return
-    main.__spec__ = None
-    path = main.__dict__.pop("__file__", None)
+    spec, path = getattr(main, "__spec__", None), main.__dict__.pop("__file__", None)
+    main.__spec__ = None  # multiprocessing reads the attribute, and an absent one would raise
     try:
         yield
     finally:
@@ -284,7 +279,7 @@ def create_pretraining_data(source: str, tokenizer_path: str, output_dir: str, o
         nonlocal pool
         # Not fork: the tokenizers' thread pools (and TensorFlow, where a caller imported it) do not survive it.
         context = multiprocessing.get_context("spawn")
-        with _workers_without_the_driver():
+        with _workers_without_main():
             pool = context.Pool(num_workers, initializer=_init_worker, initargs=(tokenizer, options))
         return pool
 

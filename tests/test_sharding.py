@@ -103,7 +103,8 @@ def _train(mesh_shape, batches, dropout=True, grad_accum_steps=1, initial_state=
             losses.append(float(metrics["loss"]))
             if len(losses) == 1:
                 first_grad_norm = float(metrics["grad_norm"])
-                first_grads = helpers.first_step_gradients(jax.device_get(state.opt_state), first_grad_norm, config.optim)
+                first_grads = helpers.first_step_gradients(jax.device_get(state.opt_state), first_grad_norm,
+                                                           config.optim)
         return Run(initial_params, np.array(losses), first_grad_norm, first_grads, jax.device_get(state),
                    initial_state)
 

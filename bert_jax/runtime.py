@@ -100,15 +100,21 @@ TF_WITHOUT_KERAS = ("TF_USE_LEGACY_KERAS", "1")
 
 # Python's collector for a process that traces and compiles: tracing makes objects by the million, and at the default
 # thresholds (700, 10, 10) each of its many full collections walks every object TensorFlow and JAX hold. Measured on
-# the README's default run cut to 4 steps (2 cores): 1.6 s of collection, 0.3 s at these; peak memory the same.
+# the README's default run cut to 4 steps (2 cores): 1.6 s of collection, 0.3 s at these; peak RSS 1.06-1.13 GB
+# either way.
 GC_THRESHOLDS = (50_000, 20, 20)
+
+
+def set_up_collector() -> None:
+    """GC_THRESHOLDS for this process: the driver, the benchmarks, the planner's compiling processes, the tests'."""
+    gc.set_threshold(*GC_THRESHOLDS)
 
 
 def set_up_jax() -> None:
     """What the driver and the benchmark programs set before JAX starts its backend: XLA:CPU's options (added to
     XLA_FLAGS), the CPU where no accelerator is attached, and TensorFlow's import without Keras (unless the
-    variable is set already); and the collector's thresholds (GC_THRESHOLDS)."""
-    gc.set_threshold(*GC_THRESHOLDS)
+    variable is set already); and the collector's thresholds (set_up_collector)."""
+    set_up_collector()
     os.environ["XLA_FLAGS"] = with_cpu_xla_flags(os.environ.get("XLA_FLAGS", ""))
     os.environ.setdefault(*TF_WITHOUT_KERAS)
     without_an_absent_tpu()

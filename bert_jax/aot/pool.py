@@ -5,7 +5,6 @@ BERT-base's step for v5e:16x16 on an fsdp mesh in a process that had compiled a 
 in a fresh one; a crash then costs one candidate, not the plan.
 """
 
-import gc
 import multiprocessing
 import pickle
 
@@ -72,7 +71,7 @@ def _start_compiler():
 
 def _compile_when_asked(connection) -> None:
     """A compiling process: one configuration from `connection`, its report (or the error) sent back."""
-    gc.set_threshold(*runtime.GC_THRESHOLDS)  # it traces the step, as the driver does
+    runtime.set_up_collector()  # it traces the step, as the driver does
     try:
         config, topology, num_slices = connection.recv()
     except EOFError:  # released unused

@@ -7,6 +7,7 @@ runs them is bert_jax.loop's; `Setup` is the one construction of a run that ever
 and the benchmarks build from.
 """
 
+import collections
 import dataclasses
 from typing import Any, Callable
 
@@ -214,12 +215,20 @@ def across_slices(gradients, mesh):
                          out_specs=PartitionSpec(), axis_names={axis}, check_vma=False)
 
 
-class KeptUntilDone:
-    """A jitted program that is not freed while it runs: letting go of it waits for its last run's outputs.
+# Programs with oneDNN's dots that their owners let go of, kept a little longer (KeptUntilDone.__del__): the last few.
+_RETIRED_PROGRAMS = collections.deque(maxlen=8)
 
-    XLA:CPU's oneDNN fusion thunk (runtime.step_compiler_options) aborts the process when a program's last owner is
-    its own running execution (a step dropped with the job that ran it, an exception between steps). Calls, .lower
-    and the rest are the jitted function's."""
+
+class KeptUntilDone:
+    """A jitted program that is not freed while it runs, nor just after: letting go of it waits for its last run's
+    outputs, then keeps it among the last few programs let go of (_RETIRED_PROGRAMS), to be freed when later ones
+    push it out.
+
+    XLA:CPU's oneDNN fusion thunk (runtime.step_compiler_options) aborts the process when a program is freed while
+    one of its runs still holds the thunk's oneDNN runtime: when its last owner is its own running execution (a step
+    dropped with the job that ran it, an exception between steps), and also just after the run's outputs are ready,
+    before the run has handed the runtime back (jaxlib 0.10.2, a loaded 2-core AMD EPYC with AVX-512: 3 of 8 runs of
+    tests/test_xla_cpu.py's loop aborted with the wait alone). Calls, .lower and the rest are the jitted function's."""
 
     def __init__(self, jitted):
         self._jitted = jitted
@@ -244,6 +253,10 @@ class KeptUntilDone:
                 last.block_until_ready()
         except Exception:  # pylint: disable=broad-except  # a failed run's error is raised where its outputs are read
             pass
+        # The jitted function holds its compiled programs (even through jax.clear_caches): freed only once several
+        # later programs have been let go of, long after this one's runs have handed their oneDNN runtimes back.
+        if "_jitted" in self.__dict__:
+            _RETIRED_PROGRAMS.append(self._jitted)
 
 
 def _jit_step(function, mesh, **kwargs):

@@ -51,8 +51,9 @@ def test_the_steps_dots_are_onednns_only_where_chosen_and_other_programs_keep_xl
 # owner and frees it on XLA's thread pool: XLA:CPU's oneDNN fusion thunk then aborted the process with
 # `object_pool.h:117] Check failed: available_.size() == num_created_ (0 vs. 1)` in ~OneDnnFusionThunk (jaxlib
 # 0.10.2, 2-core AMD EPYC: in 1 of the first 4 runs of 300 iterations; it killed pytest workers mid-suite when the
-# options were process-wide). train.KeptUntilDone, which every step with oneDNN's dots is, waits for the last run
-# first.
+# options were process-wide); and, on a loaded AMD EPYC with AVX-512, also when freed just after its outputs were
+# ready (the clear_caches below). train.KeptUntilDone, which every step with oneDNN's dots is, waits for the last
+# run and then keeps the program until later ones push it out.
 _FREED_WHILE_RUNNING = """
 import jax, jax.numpy as jnp, numpy as np
 from bert_jax import runtime, train

@@ -10,6 +10,7 @@ compilation cache's hits and misses there (tests/compile_cache.py), the programs
 how many times, how many seconds) and the processes it started (driver subprocesses compile in their own process:
 their time shows as run time), and the CPU seconds of the test's process and of the processes it started and waited
 for (what the run's cores did; above the seconds where the test ran on several threads, below where it waited).
+The profile also names the CPU it was made on (its model, family, cores and widest vector instructions).
 
 Print (one profile, or two side by side):
 
@@ -134,8 +135,27 @@ def pytest_sessionfinish(session):
         n += 1
         path = f"{taken}.{n}"
     with open(path, "w") as f:
-        json.dump({"tests": _RECORDER.tests, "wall_s": round(time.time() - _RECORDER.started, 1)}, f, indent=1,
-                  sort_keys=True)
+        json.dump({"tests": _RECORDER.tests, "wall_s": round(time.time() - _RECORDER.started, 1),
+                   "host": host_description()}, f, indent=1, sort_keys=True)
+
+
+def host_description(cpuinfo_path="/proc/cpuinfo", cpu_count=None):
+    """The CPU the profile was made on, e.g. 'AMD EPYC (family 26, model 2), 2 CPUs, AVX-512': hosts that share a
+    model name differ severalfold in the suite's time, so profiles are compared only on the same one."""
+    fields = {}
+    try:
+        with open(cpuinfo_path, encoding="utf-8") as f:
+            for line in f:
+                if not line.strip():
+                    break  # the first processor's block
+                name, _, value = line.partition(":")
+                fields[name.strip()] = value.strip()
+    except OSError:
+        return "unknown CPU"
+    isa = "AVX-512" if "avx512f" in fields.get("flags", "").split() else (
+        "AVX2" if "avx2" in fields.get("flags", "").split() else "no AVX2")
+    return (f"{fields.get('model name', 'unknown CPU')} (family {fields.get('cpu family', '?')}, model "
+            f"{fields.get('model', '?')}), {cpu_count or os.cpu_count()} CPUs, {isa}")
 
 
 # ---- printing -------------------------------------------------------------------------------------------------------
@@ -196,6 +216,7 @@ def _summary(label, data):
     hits = sum(e.get("cache", {}).get("hits", 0) for e in tests.values())
     misses = sum(e.get("cache", {}).get("misses", 0) for e in tests.values())
     cpu_s = sum(_cpu(e) for e in tests.values())
+    print(f"{label}: made on {data.get('host', 'an unrecorded host')}")
     print(f"{label}: {len(tests)} tests ({dict(outcomes)}), wall {data.get('wall_s', 0):.0f} s, "
           f"{total:.0f} worker-seconds of which {compile_s:.0f} compiling in the test's process, "
           f"{sum(e.get('processes', 0) for e in tests.values())} subprocesses started; persistent compilation cache "

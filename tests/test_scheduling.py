@@ -1,5 +1,6 @@
 """The suite's own scheduling (tests/xdist_scheduling.py): a worker that dies fails the test it was running, with
-what the worker wrote last, and the run still ends with a verdict on every other test."""
+what the worker wrote last, and the run still ends with a verdict on every other test. The suite's profile
+(tests/profile_suite.py) names the CPU it was made on."""
 
 import os
 import subprocess
@@ -90,3 +91,15 @@ def test_dead_workers_fail_only_their_test_with_their_last_output_and_the_run_en
     assert "native message before the abort" in output and "Fatal Python error: Aborted" in output, output
     assert 'test_sharding.py", line 9 in test_dies' in output, output
     assert "Timeout" in output and "in test_stuck" in output, output
+
+
+def test_the_profile_names_the_cpu_it_was_made_on(tmp_path):
+    from tests import profile_suite  # pylint: disable=import-outside-toplevel
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel\t\t: 2\n"
+                       "model name\t: AMD EPYC\nflags\t\t: fpu sse2 avx avx2 fma avx512f avx512bw\n\n"
+                       "processor\t: 1\nmodel name\t: another\n")
+    assert profile_suite.host_description(str(cpuinfo), 2) == "AMD EPYC (family 26, model 2), 2 CPUs, AVX-512"
+    cpuinfo.write_text("model name\t: Intel Xeon\ncpu family\t: 6\nmodel\t\t: 85\nflags\t\t: sse2 avx avx2 fma\n")
+    assert profile_suite.host_description(str(cpuinfo), 4) == "Intel Xeon (family 6, model 85), 4 CPUs, AVX2"
+    assert profile_suite.host_description(str(tmp_path / "absent"), 2) == "unknown CPU"

@@ -227,7 +227,7 @@ class KeptUntilDone:
     XLA:CPU's oneDNN fusion thunk (runtime.step_compiler_options) aborts the process when a program is freed while
     one of its runs still holds the thunk's oneDNN runtime: when its last owner is its own running execution (a step
     dropped with the job that ran it, an exception between steps), and also just after the run's outputs are ready,
-    before the run has handed the runtime back (jaxlib 0.10.2, a loaded 2-core AMD EPYC with AVX-512: 3 of 8 runs of
+    before the run has handed the runtime back (jaxlib 0.10.2, a loaded 2-core AMD EPYC with AVX-512: 5 of 26 runs of
     tests/test_xla_cpu.py's loop aborted with the wait alone). Calls, .lower and the rest are the jitted function's."""
 
     def __init__(self, jitted):

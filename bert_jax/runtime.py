@@ -52,17 +52,26 @@ def with_cpu_xla_flags(xla_flags: str) -> str:
     return " ".join([*xla_flags.split(), *added])
 
 
-@functools.cache
-def _cpu_flags() -> frozenset[str]:
-    """The host CPU's feature flags (Linux /proc/cpuinfo, read once; empty elsewhere)."""
+def cpu_info(path: str = "/proc/cpuinfo") -> dict[str, str]:
+    """The first CPU's fields in Linux's /proc/cpuinfo ('model name', 'cpu family', 'model', 'flags', ...); empty
+    where there is no such file."""
+    fields = {}
     try:
-        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+        with open(path, encoding="utf-8") as cpuinfo:
             for line in cpuinfo:
-                if line.startswith("flags"):
-                    return frozenset(line.split(":", 1)[1].split())
+                if not line.strip():
+                    break  # the end of the first processor's block
+                name, _, value = line.partition(":")
+                fields[name.strip()] = value.strip()
     except OSError:
         pass
-    return frozenset()
+    return fields
+
+
+@functools.cache
+def _cpu_flags() -> frozenset[str]:
+    """The host CPU's feature flags (read once; empty where cpu_info finds none)."""
+    return frozenset(cpu_info().get("flags", "").split())
 
 
 def cpu_dots(xla_flags: str | None = None, cpu_flags: frozenset[str] | None = None) -> str:

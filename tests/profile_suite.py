@@ -142,18 +142,12 @@ def pytest_sessionfinish(session):
 def host_description(cpuinfo_path="/proc/cpuinfo", cpu_count=None):
     """The CPU the profile was made on, e.g. 'AMD EPYC (family 26, model 2), 2 CPUs, AVX-512': hosts that share a
     model name differ severalfold in the suite's time, so profiles are compared only on the same one."""
-    fields = {}
-    try:
-        with open(cpuinfo_path, encoding="utf-8") as f:
-            for line in f:
-                if not line.strip():
-                    break  # the first processor's block
-                name, _, value = line.partition(":")
-                fields[name.strip()] = value.strip()
-    except OSError:
+    from bert_jax import runtime  # pylint: disable=import-outside-toplevel
+    fields = runtime.cpu_info(cpuinfo_path)
+    if not fields:
         return "unknown CPU"
-    isa = "AVX-512" if "avx512f" in fields.get("flags", "").split() else (
-        "AVX2" if "avx2" in fields.get("flags", "").split() else "no AVX2")
+    flags = fields.get("flags", "").split()
+    isa = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"
     return (f"{fields.get('model name', 'unknown CPU')} (family {fields.get('cpu family', '?')}, model "
             f"{fields.get('model', '?')}), {cpu_count or os.cpu_count()} CPUs, {isa}")
 

@@ -38,13 +38,12 @@ import optax
 import orbax.checkpoint as ocp
 from jax.sharding import NamedSharding, PartitionSpec
 
+from bert_jax import arch as arch_lib
 from bert_jax import checkpoint as checkpoint_lib
 from bert_jax.data import conll
 from bert_jax import divergence
 from bert_jax.data import finetune_data
 from bert_jax import fileio
-from bert_jax import model as model_lib
-from bert_jax import modern
 from bert_jax import optim
 from bert_jax.interop import init_architecture
 from bert_jax.interop import pretrained
@@ -66,7 +65,7 @@ TASK_FILE = "task.json"  # beside labels.json: {"task": one of tasks.NAMES, "enc
 @dataclasses.dataclass
 class ModelSource:
     """The architecture to build and, for a foreign checkpoint, its parameters on the host."""
-    model_config: model_lib.BertConfig  # or bert_jax.modern.ModernConfig
+    model_config: Any  # the architecture's config (bert_jax.arch)
     host_params: Any = None
     description: str = "scratch"
 
@@ -74,7 +73,7 @@ class ModelSource:
 def model_source(config) -> ModelSource:
     """The model to build, config.model (which bert_jax.job_config.prepare gave --config.init's architecture), and,
     for a HuggingFace / original-TF / Flax-export init, its parameters on the host."""
-    model_config = modern.architecture_config(config.model)
+    model_config = arch_lib.config_of(config.model)
     if not config.init or checkpoint_lib.is_checkpoint(config.init):
         return ModelSource(model_config, None, config.init or "scratch")
     _, params, report = pretrained.load_pretrained(config.init)
@@ -98,8 +97,7 @@ def _read_init(config, source: ModelSource, setup: Setup) -> dict:
     if not config.init:
         return {}
     abstract, shardings = setup.abstract.params, setup.shardings.params
-    pretrained_parameter = (modern.is_pretrained_parameter if isinstance(source.model_config, modern.ModernConfig)
-                            else model_lib.is_encoder_parameter)
+    pretrained_parameter = arch_lib.of(source.model_config).is_pretrained_parameter
     names = [name for name in abstract if pretrained_parameter(name)]
     if source.host_params is None:
         names = _check_checkpoint_fits(config.init, {name: abstract[name] for name in names})
@@ -271,14 +269,14 @@ def _create_optimizer(config, num_examples: int):
     optim_config = ml_collections.ConfigDict(config.optim.to_dict())
     optim_config.warmup_steps = config.optim.warmup_steps or int(
         config.optim.warmup_proportion * optim.schedule_span(config.optim, num_steps))
-    frozen = model_lib.is_encoder_parameter if config.train.encoder != "tuned" else None
+    frozen = arch_lib.of(config.model).is_pretrained_parameter if config.train.encoder != "tuned" else None
     tx, schedule = optim.create_optimizer(optim_config, num_steps, frozen=frozen)
     logging.info("%d training examples, %d steps of %d (%.2f epochs), warmup %d steps", num_examples, num_steps,
                  train.batch_size, num_steps * train.batch_size / num_examples, optim_config.warmup_steps)
     return tx, schedule, num_steps
 
 
-def _write_model_files(output_dir: str, task: tasks.Task, encoder: str, model_config: model_lib.BertConfig,
+def _write_model_files(output_dir: str, task: tasks.Task, encoder: str, model_config,
                        tokenizer) -> None:
     """What --config.init=WORKDIR/finetuned and the export read beside the parameters: the head (which the
     parameters alone do not tell: a feature-based token head reads four layers), classes, architecture,
@@ -399,7 +397,7 @@ def extract_features(config, workdir: str) -> str:
     examples = finetune_data.read_examples(config.features.input_file, config.data, with_labels=False,
                                            field="features.input_file")
     encoded = finetune_data.encode_examples(tokenizer, examples, config.data.max_seq_length)
-    model = model_lib.BertModel(source.model_config)
+    model = arch_lib.of(source.model_config).features_model(source.model_config)
     batch_size = config.train.batch_size
     output = config.features.output or fileio.join(workdir, "features.npy")
     if not config.init:
@@ -443,8 +441,6 @@ def export_finetuned(workdir: str, checkpoint: str = "", export_format: str = "h
     directory (default WORKDIR/export/hf) that AutoModelForSequenceClassification, AutoModelForTokenClassification or
     AutoModelForQuestionAnswering loads, with its labels and tokenizer."""
     from bert_jax.interop import export  # pylint: disable=import-outside-toplevel
-    from bert_jax.interop import huggingface  # pylint: disable=import-outside-toplevel
-    from bert_jax.interop import modern as interop_modern  # pylint: disable=import-outside-toplevel
     if export_format != "hf":
         raise ValueError(f"--export_format={export_format}: a fine-tuned classifier exports to 'hf' only (its "
                          "directory is already bert_jax's own format, which --config.init reads)")
@@ -466,9 +462,6 @@ def export_finetuned(workdir: str, checkpoint: str = "", export_format: str = "h
     ids = np.zeros((1, 8), np.int32)
     params = export.restore_model_params(checkpoint, tasks.head_model(name, model_config, len(names)), ids, ids, ids)
     tokenizer = tokenization.load_tokenizer(checkpoint)
-    if isinstance(model_config, modern.ModernConfig):
-        interop_modern.export_hf_task(params, model_config, output, name, names, tokenizer)
-    else:
-        huggingface.export_hf_classifier(params, model_config, output, names, tokenizer)
+    arch_lib.of(model_config).export(params, model_config, output, tokenizer=tokenizer, task=name, label_names=names)
     logging.info("%s model exported for transformers", tasks.task_class(name).description)
     return output

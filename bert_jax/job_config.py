@@ -16,10 +16,10 @@ import re
 
 import jax
 
+from bert_jax import arch as arch_lib
 from bert_jax import divergence
 from bert_jax import fileio
 from bert_jax import model as model_lib
-from bert_jax import modern
 from bert_jax import optim
 from bert_jax import sharding as sharding_lib
 from bert_jax import tasks
@@ -89,10 +89,10 @@ def validate(config, mode: str, num_devices: int | None = None, process_count: i
 
 
 def model_config(model):
-    """BertConfig (or, for arch="modern", bert_jax.modern.ModernConfig) of `config.model`, its errors naming the
-    --config.model flag."""
+    """The config of `config.model`'s architecture (bert_jax.arch: a BertConfig, or for arch="modern" a
+    bert_jax.modern.ModernConfig), its errors naming the --config.model flag."""
     try:
-        return modern.architecture_config(model)
+        return arch_lib.config_of(model)
     except ValueError as error:
         message = str(error)
         raise ValueError(f"--config.model.{message}" if re.match(r"\w+=", message) else
@@ -241,13 +241,14 @@ def _validate_downstream(config, num_devices: int, process_count: int, mode: str
     if not data.vocab_file:
         fail("data.vocab_file", "set it to the vocab.txt / .model / tokenizer directory the model was trained with")
     _validate_task(config, fail)
-    if isinstance(bert_config, modern.ModernConfig):
-        if mode != "finetune":
-            raise ValueError(f"--mode={mode} reads BERT models; --config.init={config.init} is a modern encoder "
-                             "(arch=modern), which --mode=finetune takes. Fix: a BERT checkpoint for --mode=features")
-        if config.train.encoder != "tuned":
-            fail("train.encoder", "a modern encoder (arch=modern) is fine-tuned whole. "
-                 "Fix: --config.train.encoder=tuned")
+    architecture = arch_lib.of(bert_config)
+    if mode == "features" and architecture.features_model(bert_config) is None:
+        raise ValueError(f"--mode={mode} reads BERT models; --config.init={config.init} is "
+                         f"{architecture.description} (arch={architecture.name}), which --mode=finetune takes. "
+                         "Fix: a BERT checkpoint for --mode=features")
+    if config.train.encoder in model_lib.TOKEN_ENCODERS and config.train.encoder not in architecture.token_encoders:
+        fail("train.encoder", f"{architecture.description} (arch={architecture.name}) is fine-tuned whole. "
+             f"Fix: --config.train.encoder={architecture.token_encoders[0]}")
     _validate_token_encoder(config, bert_config, fail)
     if data.format == "conll":  # token classification: words and tags, no columns
         _validate_tagging(config, mode, fail)

@@ -11,9 +11,8 @@ import time
 import jax
 import numpy as np
 
+from bert_jax import arch as arch_lib
 from bert_jax import fileio
-from bert_jax import model as model_lib
-from bert_jax import modern as modern_lib
 from bert_jax.data import tfrecord
 
 # Dense bf16 peak FLOP/s per chip, for the MFU estimate; matched against jax.Device.device_kind.
@@ -31,21 +30,10 @@ def summarize_eval(sums: dict[str, float]) -> dict[str, float]:
                 "eval_nsp_accuracy": sums["nsp_correct"] / sums["nsp_count"]} if "nsp_loss_sum" in sums else {})}
 
 
-def model_flops_per_sequence(config: model_lib.BertConfig, seq_length: int, max_predictions: int) -> float:
-    """Training FLOPs (forward + backward = 3x forward) for one sequence, counting matmuls only.
-
-    6 * N * T for the encoder's matmul parameters N, 12 * L * d * T^2 for attention scores and context, and the MLM
-    head (transform and tied decoder) at the masked positions only, since that is all the model computes.
-    """
-    h, layers = config.hidden_size, config.num_layers
-    modern = isinstance(config, modern_lib.ModernConfig)  # a GeGLU (3 matmuls), no NSP head
-    encoder_matmul_params = layers * (4 * h * h + (3 if modern else 2) * h * config.intermediate_size)
-    # Local layers counted in full: the reference path computes every score and masks; kernels that skip the
-    # blocks outside the window do less.
-    encoder = 6 * encoder_matmul_params * seq_length + 12 * layers * h * seq_length * seq_length
-    mlm_head = 6 * max_predictions * (h * h + h * config.vocab_size)
-    pooler_and_nsp = 0 if modern else 6 * (h * h + 2 * h)
-    return float(encoder + mlm_head + pooler_and_nsp)
+def model_flops_per_sequence(config, seq_length: int, max_predictions: int) -> float:
+    """Training FLOPs (forward + backward = 3x forward) for one sequence of `config`'s architecture, counting matmuls
+    only (bert_jax.arch.base.encoder_flops, plus the architecture's heads)."""
+    return arch_lib.of(config).flops_per_sequence(config, seq_length, max_predictions)
 
 
 def head_cls_rows(nsp_positions) -> int:
@@ -53,21 +41,11 @@ def head_cls_rows(nsp_positions) -> int:
     return 1 if nsp_positions is None else nsp_positions.shape[1]
 
 
-def step_matmul_flops_per_sequence(config: model_lib.BertConfig, seq_length: int, max_predictions: int,
-                                   cls_rows: int = 1) -> float:
-    """The matmul FLOPs the pretraining train step (BertForPreTraining with sequence_output=False) executes for one
-    row of `seq_length` tokens.
-
-    Unrolled, the last layer computes only the rows the heads read (`cls_rows` [CLS] rows, see head_cls_rows, and
-    the masked positions), so each other row skips its query and output projections, feed-forward and attention over
-    seq_length keys, forward and backward. Scanned layers compute every row of every layer: model_flops_per_sequence.
-    """
-    flops = model_flops_per_sequence(config, seq_length, max_predictions)
-    if config.scan_layers or isinstance(config, modern_lib.ModernConfig):  # every row of every layer
-        return flops
-    h = config.hidden_size
-    skipped_rows = max(seq_length - cls_rows - max_predictions, 0)
-    return flops - skipped_rows * 12 * h * (h + config.intermediate_size + seq_length)
+def step_matmul_flops_per_sequence(config, seq_length: int, max_predictions: int, cls_rows: int = 1) -> float:
+    """The matmul FLOPs the pretraining train step executes for one row of `seq_length` tokens: fewer than
+    model_flops_per_sequence where the architecture's last layer computes only the rows the heads read (`cls_rows`
+    [CLS] rows, see head_cls_rows, and the masked positions)."""
+    return arch_lib.of(config).step_matmul_flops_per_sequence(config, seq_length, max_predictions, cls_rows)
 
 
 def peak_flops_per_device(device: jax.Device, override: float = 0.0) -> float:

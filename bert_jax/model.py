@@ -132,7 +132,8 @@ def check_compute_choices(config, fail) -> None:
         fail("remat", f"choose one of {tuple(REMAT_POLICIES)}")
 
 
-def _kernel_init(config: BertConfig, names):
+def kernel_init(config, names):
+    """The truncated-normal initialiser of every architecture's kernels and embeddings, with its logical axes."""
     return nn.with_logical_partitioning(nn.initializers.truncated_normal(config.initializer_range), names)
 
 
@@ -140,18 +141,25 @@ def _zeros(names):
     return nn.with_logical_partitioning(nn.initializers.zeros_init(), names)
 
 
-def _dense(config: BertConfig, features: int, names, name: str, bias_names=None, dtype=None) -> nn.Dense:
+def dense(config, features: int, names, name: str, bias_names=None, dtype=None, use_bias: bool = True) -> nn.Dense:
+    """A Dense layer of any architecture: float32 parameters, config's compute dtype (or `dtype`), kernel axes
+    `names`, bias axes `bias_names` (default: the last kernel axis)."""
     # Dense + reshape rather than DenseGeneral: DenseGeneral with multi-dimensional features and logical
     # partitioning fails under jax.set_mesh on this stack.
-    return nn.Dense(features, dtype=dtype or config.compute_dtype, param_dtype=jnp.float32,
-                    kernel_init=_kernel_init(config, names), bias_init=_zeros(bias_names or names[-1:]), name=name)
+    return nn.Dense(features, use_bias=use_bias, dtype=dtype or config.compute_dtype, param_dtype=jnp.float32,
+                    kernel_init=kernel_init(config, names), bias_init=_zeros(bias_names or names[-1:]), name=name)
+
+
+def layer_norm(config, name: str, epsilon: float, use_bias: bool = True) -> nn.LayerNorm:
+    """A LayerNorm of any architecture: float32 parameters over the "norm" axis, config's compute dtype."""
+    # Flax computes the statistics in float32 even for bfloat16 inputs.
+    return nn.LayerNorm(epsilon=epsilon, use_bias=use_bias, dtype=config.compute_dtype, param_dtype=jnp.float32,
+                        scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("norm",)),
+                        bias_init=_zeros(("norm",)), name=name)
 
 
 def _layer_norm(config: BertConfig, name: str) -> nn.LayerNorm:
-    # Flax computes the statistics in float32 even for bfloat16 inputs.
-    return nn.LayerNorm(epsilon=config.layer_norm_eps, dtype=config.compute_dtype, param_dtype=jnp.float32,
-                        scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("norm",)),
-                        bias_init=_zeros(("norm",)), name=name)
+    return layer_norm(config, name, config.layer_norm_eps)
 
 
 def _dropout(config: BertConfig, x, deterministic: bool):
@@ -195,7 +203,7 @@ class BertEmbeddings(nn.Module):
 
         def embed(rows, names, name):
             return nn.Embed(rows, config.hidden_size, dtype=config.compute_dtype, param_dtype=jnp.float32,
-                            embedding_init=_kernel_init(config, names), name=name)
+                            embedding_init=kernel_init(config, names), name=name)
 
         self.word_embeddings = embed(config.vocab_size, ("vocab", "embed"), "word_embeddings")
         self.position_embeddings = embed(config.max_position_embeddings, ("position", "embed"), "position_embeddings")
@@ -230,7 +238,7 @@ class BertSelfAttention(nn.Module):
         queries = x if query_positions is None else gather_rows(x, query_positions)
 
         def split_heads(name, inputs):  # [batch, length, hidden] -> [batch, length, heads, head_dim]
-            projected = _dense(config, config.hidden_size, ("embed", "heads"), name)(inputs)
+            projected = dense(config, config.hidden_size, ("embed", "heads"), name)(inputs)
             projected = projected.reshape(*inputs.shape[:2], config.num_heads, config.head_dim)
             return nn.with_logical_constraint(projected, HEADS)
 
@@ -243,15 +251,15 @@ class BertSelfAttention(nn.Module):
         dropout = functools.partial(nn.Dropout(config.attention_dropout_rate), deterministic=deterministic)
         context = attention_lib.dot_product_attention(implementation, query, key, value, attention_mask, dropout)
         context = nn.with_logical_constraint(context, HEADS).reshape(*queries.shape[:2], config.hidden_size)
-        return _dense(config, config.hidden_size, ("heads", "embed"), "output", bias_names=("norm",))(context)
+        return dense(config, config.hidden_size, ("heads", "embed"), "output", bias_names=("norm",))(context)
 
 
 def _feed_forward(config: BertConfig, x, deterministic: bool):
     """dropout(dense(gelu(dense(x)))), created as `intermediate` and `output` in the calling (layer) module."""
-    hidden = _dense(config, config.intermediate_size, ("embed", "mlp"), "intermediate")(x)
+    hidden = dense(config, config.intermediate_size, ("embed", "mlp"), "intermediate")(x)
     hidden = gelu(hidden, approximate=config.hidden_act == "gelu_tanh")
     hidden = nn.with_logical_constraint(hidden, ("batch", "length", "act_mlp"))
-    hidden = _dense(config, config.hidden_size, ("mlp", "embed"), "output", bias_names=("norm",))(hidden)
+    hidden = dense(config, config.hidden_size, ("mlp", "embed"), "output", bias_names=("norm",))(hidden)
     return _dropout(config, hidden, deterministic)
 
 
@@ -344,11 +352,12 @@ def _encode(config: BertConfig, input_ids, input_mask, segment_ids, deterministi
 
 def _pooler(config: BertConfig, cls):
     """tanh(dense([CLS] hidden state)), created as `pooler` in the calling compact module."""
-    return nn.tanh(_dense(config, config.hidden_size, ("embed", None), "pooler")(cls))
+    return nn.tanh(dense(config, config.hidden_size, ("embed", None), "pooler")(cls))
 
 
-def _classifier(config: BertConfig, features: int, name: str) -> nn.Dense:
-    return _dense(config, features, ("embed", "classes"), name, dtype=jnp.float32)
+def classifier(config, features: int, name: str) -> nn.Dense:
+    """A task head's linear layer of any architecture: `features` outputs with a bias, in float32."""
+    return dense(config, features, ("embed", "classes"), name, dtype=jnp.float32)
 
 
 class BertForPreTraining(nn.Module):
@@ -387,10 +396,10 @@ class BertForPreTraining(nn.Module):
         else:
             cls, masked = x[:, :cls_positions.shape[1]], x[:, cls_positions.shape[1]:]
         pooled = _pooler(config, cls[:, 0] if nsp_positions is None else cls)
-        nsp_logits = _classifier(config, 2, "nsp_head")(pooled)
+        nsp_logits = classifier(config, 2, "nsp_head")(pooled)
 
         # The transform and the vocab-sized decoder run at the masked positions only.
-        masked = _dense(config, config.hidden_size, ("embed", None), "mlm_transform")(masked)
+        masked = dense(config, config.hidden_size, ("embed", None), "mlm_transform")(masked)
         masked = _layer_norm(config, "mlm_layer_norm")(gelu(masked, approximate=config.hidden_act == "gelu_tanh"))
         mlm_bias = self.param("mlm_output_bias", _zeros(("vocab",)), (config.vocab_size,), jnp.float32)
         mlm_logits = embeddings.attend(masked).astype(jnp.float32) + mlm_bias
@@ -437,7 +446,7 @@ class BertForSequenceClassification(nn.Module):
         cls_positions = jnp.zeros((input_ids.shape[0], 1), jnp.int32)
         x, _, _ = _encode(config, input_ids, input_mask, segment_ids, deterministic, head_positions=cls_positions)
         pooled = _pooler(config, x[:, 0])
-        logits = _classifier(config, self.num_classes, "classifier")(_dropout(config, pooled, deterministic))
+        logits = classifier(config, self.num_classes, "classifier")(_dropout(config, pooled, deterministic))
         return {"logits": logits, "pooled_output": pooled}
 
 
@@ -465,7 +474,7 @@ class BertForTokenClassification(nn.Module):
             # stop_gradient: the backward pass ends at the head, never entering the encoder (the speed win); the
             # optimizer keeps the encoder fixed too (bert_jax.optim, frozen=).
             x = jax.lax.stop_gradient(jnp.concatenate([hidden_states[-k] for k in range(1, 5)], -1))
-        return {"logits": _classifier(config, self.num_labels, "classifier")(_dropout(config, x, deterministic))}
+        return {"logits": classifier(config, self.num_labels, "classifier")(_dropout(config, x, deterministic))}
 
 
 class BertForQuestionAnswering(nn.Module):
@@ -482,5 +491,5 @@ class BertForQuestionAnswering(nn.Module):
     @nn.compact
     def __call__(self, input_ids, input_mask, segment_ids, deterministic: bool = True) -> dict[str, Any]:
         x, _, _ = _encode(self.config, input_ids, input_mask, segment_ids, deterministic)
-        scores = _classifier(self.config, 2, "qa_outputs")(x)
+        scores = classifier(self.config, 2, "qa_outputs")(x)
         return {"logits": jnp.swapaxes(scores, 1, 2), "start_logits": scores[..., 0], "end_logits": scores[..., 1]}

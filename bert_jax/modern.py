@@ -23,11 +23,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from bert_jax import attention as attention_lib
-from bert_jax.model import (HEADS, HIDDEN, REMAT_POLICIES, SCANNED_LAYERS, BertConfig, EncoderShape,
-                            check_compute_choices, check_sizes, config_fields, gather_rows, gelu, is_unrolled_layer,
-                            lookup)
-
-ARCHITECTURE = "modern"
+from bert_jax.model import (HEADS, HIDDEN, REMAT_POLICIES, SCANNED_LAYERS, EncoderShape,
+                            check_compute_choices, check_sizes, classifier, config_fields, dense, gather_rows, gelu,
+                            is_unrolled_layer, kernel_init, layer_norm, lookup)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,19 +92,12 @@ class ModernConfig(EncoderShape):
         return (self.num_layers - 1) // self.global_attn_every_n_layers if self.scan_layers else 0
 
 
-def _kernel_init(config: ModernConfig, names):
-    return nn.with_logical_partitioning(nn.initializers.truncated_normal(config.initializer_range), names)
-
-
-def _dense(config: ModernConfig, features: int, names, name: str, use_bias: bool = False, dtype=None) -> nn.Dense:
-    return nn.Dense(features, use_bias=use_bias, dtype=dtype or config.compute_dtype, param_dtype=jnp.float32,
-                    kernel_init=_kernel_init(config, names),
-                    bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), names[-1:]), name=name)
+def _dense(config: ModernConfig, features: int, names, name: str) -> nn.Dense:
+    return dense(config, features, names, name, use_bias=False)  # no biases in attention and the MLP
 
 
 def _layer_norm(config: ModernConfig, name: str) -> nn.LayerNorm:
-    return nn.LayerNorm(epsilon=config.norm_eps, use_bias=False, dtype=config.compute_dtype, param_dtype=jnp.float32,
-                        scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("norm",)), name=name)
+    return layer_norm(config, name, config.norm_eps, use_bias=False)
 
 
 def rotation(position_ids, theta: float, head_dim: int):
@@ -198,7 +189,7 @@ def encode(config: ModernConfig, input_ids, input_mask, deterministic: bool, pos
     if attention_mask is None:
         attention_mask = input_mask.astype(bool)
     embeddings = nn.Embed(config.vocab_size, config.hidden_size, dtype=config.compute_dtype, param_dtype=jnp.float32,
-                          embedding_init=_kernel_init(config, ("vocab", "embed")), name="embeddings")
+                          embedding_init=kernel_init(config, ("vocab", "embed")), name="embeddings")
     x = lookup(embeddings, input_ids, ("vocab", None))
     x = nn.Dropout(config.dropout_rate)(_layer_norm(config, "embeddings_norm")(x), deterministic=deterministic)
     rotations = (rotation(position_ids, config.global_rope_theta, config.head_dim),
@@ -308,7 +299,7 @@ class ModernForMaskedLM(nn.Module):
 def _classifier(config: ModernConfig, features: int, x, deterministic: bool):
     """Dropout (dropout_rate), then a linear `classifier` with a bias, in float32: transformers' drop and classifier."""
     x = nn.Dropout(config.dropout_rate)(x, deterministic=deterministic)
-    return _dense(config, features, ("embed", "classes"), "classifier", use_bias=True, dtype=jnp.float32)(x)
+    return classifier(config, features, "classifier")(x)
 
 
 class ModernForSequenceClassification(nn.Module):
@@ -371,23 +362,6 @@ def is_pretrained_parameter(name: str) -> bool:
     """bert_jax.model.is_encoder_parameter's counterpart: True for the parameters fine-tuning reads from
     --config.init."""
     return name in PRETRAINED_PARAMETERS or name == SCANNED_LAYERS or is_unrolled_layer(name)
-
-
-def is_modern(model_config) -> bool:
-    """Whether `config.model` (a ConfigDict or mapping) describes this architecture (arch="modern") rather than
-    BERT (no arch field, or arch="bert")."""
-    arch = model_config.get("arch", "bert")
-    if arch not in ("bert", ARCHITECTURE):
-        raise ValueError(f"arch={arch!r}: choose 'bert' or {ARCHITECTURE!r}")
-    return arch == ARCHITECTURE
-
-
-def architecture_config(model_config):
-    """The architecture's config of `config.model`: ModernConfig for arch="modern", else bert_jax.model.BertConfig
-    (ValueError "FIELD=VALUE: problem" for a bad field)."""
-    if is_modern(model_config):
-        return ModernConfig.from_config(model_config)
-    return BertConfig.from_config(model_config)
 
 
 def modern_config(**fields) -> ModernConfig:

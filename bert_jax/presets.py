@@ -55,9 +55,6 @@ MODERN_PRESETS = {
     "base": (22, 768, 12, 1152),
     "large": (28, 1024, 16, 2624),
 }
-ARCHITECTURES = ("bert", "modern")
-
-
 def modern_model_config(size: str) -> ml_collections.ConfigDict:
     """config.model of preset `size` for arch=modern (bert_jax.modern.ModernConfig's fields)."""
     layers, hidden, heads, intermediate = MODERN_PRESETS[size]
@@ -156,13 +153,15 @@ def checkpoint_config(every_steps: int) -> ml_collections.ConfigDict:
 def pretraining_config(size: str = "tiny", data_source: str = "corpus", arch: str = "bert"
                        ) -> ml_collections.ConfigDict:
     """The pretraining job's config for preset `size`, data source ("corpus", "tfrecord" or "synthetic") and
-    architecture (ARCHITECTURES): every field with its default, as configs/pretrain.py gives it and the benchmarks
+    architecture (bert_jax.arch.names()): every field with its default, as configs/pretrain.py gives it and the benchmarks
     build from."""
-    if arch not in ARCHITECTURES:
-        raise ValueError(f"unknown arch {arch!r}; choose one of {ARCHITECTURES}")
+    # Imported here: this module stays importable without JAX (the benchmarks' torch processes read the recipes).
+    from bert_jax import arch as arch_lib  # pylint: disable=import-outside-toplevel
+    if arch not in arch_lib.names():
+        raise ValueError(f"unknown arch {arch!r}; choose one of {arch_lib.names()}")
     config = ml_collections.ConfigDict()
 
-    config.model = model = model_config(size) if arch == "bert" else modern_model_config(size)
+    config.model = model = arch_lib.get(arch).preset(size)
     # The preset config.model was filled from. With config.init set, the checkpoint's architecture replaces the
     # preset's (model.vocab_size, hidden_size, num_layers, num_heads, intermediate_size, hidden_act,
     # max_position_embeddings, type_vocab_size, layer_norm_eps; see
@@ -250,11 +249,7 @@ def pretraining_config(size: str = "tiny", data_source: str = "corpus", arch: st
         # The default run: 200 steps on the demo corpus, long enough for MLM accuracy to climb visibly.
         optim.learning_rate = 1e-3
         optim.warmup_steps = 20
-    if arch == "modern":
-        # ModernBERT's recipe: masked LM only (the model has no NSP head) at a 30% masking rate.
-        data.masked_lm_prob = 0.3
-        data.max_predictions_per_seq = 40  # 30% of 128 tokens, rounded up to a multiple of 8
-        optim.decay = "wsd"  # warmup, a stable peak, then the last 10% cooling down
+    arch_lib.get(arch).pretraining_recipe(config)  # what the architecture's own recipe changes
     if size in ("base", "large"):
         train.batch_size = 256
         optim.warmup_steps = 10000

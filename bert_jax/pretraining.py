@@ -15,11 +15,11 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
+from bert_jax import arch as arch_lib
 from bert_jax import checkpoint as checkpoint_lib
 from bert_jax import fileio
 from bert_jax import metrics as metrics_lib
 from bert_jax import model as model_lib
-from bert_jax import modern
 from bert_jax.interop import init_architecture
 from bert_jax.interop import layout
 from bert_jax.interop import pretrained
@@ -113,10 +113,7 @@ def _init_params(path: str, model_config: model_lib.BertConfig, abstract_params,
         logging.info("--config.init: %s", note)
     if report.initialized:
         logging.warning("--config.init: %s has no %s; initialised afresh", path, ", ".join(report.initialized))
-    if isinstance(model_config, modern.ModernConfig):  # imports are in the unrolled layout (layer_0, layer_1, ...)
-        params = modern.stack_layers(params, model_config)
-    elif model_config.scan_layers:
-        params = layout.stack_layers(params, model_config.num_layers)
+    params = arch_lib.of(model_config).stack_layers(params, model_config)  # imports are unrolled (layer_0, ...)
     return jax.device_put(params, params_shardings), path
 
 
@@ -231,14 +228,12 @@ def export_checkpoint(config, workdir: str, checkpoint: str = "", export_format:
     tokenizer = tokenization.load_tokenizer(config.data.vocab_file) if config.data.vocab_file else None
     checkpoint = checkpoint or fileio.join(workdir, checkpoint_lib.CHECKPOINT_SUBDIR)
     output = output or fileio.join(fileio.join(workdir, "export"), export_format)
-    model_config = modern.architecture_config(config.model)
-    if isinstance(model_config, modern.ModernConfig):  # transformers' ModernBERT
-        from bert_jax.interop import modern as modern_interop  # pylint: disable=import-outside-toplevel
-        if export_format != "hf":
-            raise ValueError(f"--export_format={export_format}: --config.model.arch='modern' exports transformers' "
-                             "ModernBERT files only; use --export_format=hf")
-        params = export.restore_model_params(checkpoint, modern.ModernForMaskedLM(model_config),
-                                             *layout.dummy_inputs())
-        return modern_interop.export_hf(params, model_config, output, tokenizer=tokenizer)
-    return export.export_checkpoint(checkpoint, model_config, output, tokenizer=tokenizer,
-                                    export_format=export_format)
+    architecture = arch_lib.of(config.model)
+    if export_format not in architecture.export_formats:
+        raise ValueError(f"--export_format={export_format}: --config.model.arch={architecture.name!r} exports "
+                         f"{' or '.join(architecture.export_formats)}; use --export_format="
+                         f"{architecture.export_formats[0]}")
+    model_config = architecture.config(config.model)
+    params = export.restore_model_params(checkpoint, architecture.pretraining_model(model_config),
+                                         *layout.dummy_inputs())
+    return architecture.export(params, model_config, output, tokenizer=tokenizer, export_format=export_format)

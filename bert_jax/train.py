@@ -19,8 +19,7 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from bert_jax import model as model_lib
-from bert_jax import modern
+from bert_jax import arch as arch_lib
 from bert_jax import optim
 from bert_jax import runtime
 from bert_jax import sharding as sharding_lib
@@ -425,11 +424,10 @@ class Setup:
 
 
 def pretraining_model(model_config) -> nn.Module:
-    """The pretraining model of `config.model`: BertForPreTraining, or ModernForMaskedLM for arch="modern"."""
-    config = modern.architecture_config(model_config)
-    if isinstance(config, modern.ModernConfig):
-        return modern.ModernForMaskedLM(config)
-    return model_lib.BertForPreTraining(config)
+    """The pretraining model of `config.model` (a ConfigDict or an architecture's config): its architecture's
+    (BertForPreTraining for BERT, ModernForMaskedLM for arch="modern")."""
+    architecture = arch_lib.of(model_config)
+    return architecture.pretraining_model(architecture.config(model_config))
 
 
 def pretraining_setup(config, devices=None, num_steps: int | None = None) -> Setup:

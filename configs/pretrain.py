@@ -10,7 +10,8 @@ The config is locked, so a misspelt override is an error rather than a silently 
 """
 
 # The presets live in the library (--config.init compares a checkpoint with them; the benchmarks build from them).
-from bert_jax.presets import ARCHITECTURES, MODEL_PRESETS, mesh_config, model_config, pretraining_config  # noqa: F401
+from bert_jax import arch
+from bert_jax.presets import MODEL_PRESETS, mesh_config, model_config, pretraining_config  # noqa: F401
 
 
 def _parse_arg(arg):
@@ -26,8 +27,8 @@ def _parse_arg(arg):
         raise ValueError(f"configs/pretrain.py: unknown size {options['size']!r}; choose one of {list(MODEL_PRESETS)}")
     if options["data"] not in ("corpus", "synthetic", "tfrecord"):
         raise ValueError(f"configs/pretrain.py: unknown data {options['data']!r}; choose corpus, synthetic or tfrecord")
-    if options["arch"] not in ARCHITECTURES:
-        raise ValueError(f"configs/pretrain.py: unknown arch {options['arch']!r}; choose one of {list(ARCHITECTURES)}")
+    if options["arch"] not in arch.names():
+        raise ValueError(f"configs/pretrain.py: unknown arch {options['arch']!r}; choose one of {list(arch.names())}")
     return options
 
 

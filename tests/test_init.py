@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from bert_jax import arch
 from bert_jax.interop import flax_files
 from bert_jax import model as model_lib
 from bert_jax.interop import init_architecture
@@ -31,7 +32,7 @@ MINILM_ARCHITECTURE = {"vocab_size": 30522, "hidden_size": 384, "num_layers": 6,
 
 
 def _architecture(config):
-    return {field: config.model[field] for field in init_architecture.ARCHITECTURE_FIELDS}
+    return {field: config.model[field] for field in arch.BERT.checkpoint_fields}
 
 
 def _vocab(path, entries):
@@ -139,7 +140,7 @@ def test_original_tf_and_flax_export_configs(tmp_path):
     config = pretrain_configs.get_config("size=mini,data=tfrecord")
     config.init = str(flax_dir)
     resolved = init_architecture.resolve_init_architecture(config)
-    assert _architecture(resolved) == {field: getattr(bert, field) for field in init_architecture.ARCHITECTURE_FIELDS}
+    assert _architecture(resolved) == {field: getattr(bert, field) for field in arch.BERT.checkpoint_fields}
     assert resolved.data.vocab_file == str(flax_dir)
     # A vocabulary that is not the checkpoint's is refused, naming both sizes.
     config.data.vocab_file = _vocab(tmp_path / "other.txt", 300)

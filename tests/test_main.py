@@ -273,6 +273,7 @@ def test_the_readmes_modern_encoder_learns_on_the_demo_corpus_and_exports_to_tra
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     import jax  # pylint: disable=import-outside-toplevel
+    from bert_jax import arch  # pylint: disable=import-outside-toplevel
     from bert_jax import modern  # pylint: disable=import-outside-toplevel
     from bert_jax.data import corpus  # pylint: disable=import-outside-toplevel
     from bert_jax.interop import export, layout  # pylint: disable=import-outside-toplevel
@@ -292,7 +293,7 @@ def test_the_readmes_modern_encoder_learns_on_the_demo_corpus_and_exports_to_tra
     with torch.no_grad():
         expected = theirs(**inputs).logits.numpy()
     # Ours as --mode=export restores them: the run's recorded architecture, its final checkpoint's parameters.
-    model = modern.ModernForMaskedLM(modern.architecture_config(json.loads(
+    model = modern.ModernForMaskedLM(arch.config_of(json.loads(
         (tmp_path / "model_config.json").read_text())))
     params = export.restore_model_params(str(tmp_path / "checkpoints"), model, *layout.dummy_inputs())
     logits = jax.jit(model.apply)({"params": params}, inputs["input_ids"].numpy(), inputs["attention_mask"].numpy())

@@ -29,9 +29,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bert_jax import arch as arch_lib
 from bert_jax import attention as attention_lib
 from bert_jax import metrics as metrics_lib
-from bert_jax import modern
 from bert_jax import presets
 from bert_jax import runtime
 from bert_jax import sharding as sharding_lib
@@ -44,7 +44,7 @@ def _define_flags():
     """The program's flags, defined only when it runs: importing this module (bert_jax.benchmarks.gpu and the
     tests do) defines none, so they never collide with another benchmark's."""
     flags.DEFINE_list("size", ["base"], "Presets to measure (tiny, mini, small, medium, base, large).")
-    flags.DEFINE_enum("arch", "bert", list(presets.ARCHITECTURES), "The architecture: bert (BertForPreTraining "
+    flags.DEFINE_enum("arch", "bert", list(arch_lib.names()), "The architecture: bert (BertForPreTraining "
                       "against transformers' own), or modern (bert_jax.modern against ModernBertForMaskedLM).")
     flags.DEFINE_integer("seq_length", 128, "Sequence length.")
     flags.DEFINE_integer("batch_size", 8, "Global batch size (a multiple of the device count).")
@@ -427,8 +427,9 @@ def _print_setup(print_fn, devices, dropout_rng: str, cores: int, threads: int, 
         print_fn(f"GLIBC_TUNABLES: {os.environ.get('GLIBC_TUNABLES', '(unset: glibc defaults)')}")
 
 
-def _is_modern(results) -> bool:
-    return isinstance(results[0].get("model_config"), modern.ModernConfig)
+def _architecture(results):
+    model_config = results[0].get("model_config")  # a result built elsewhere may lack it: BERT's, as the default
+    return arch_lib.get(arch_lib.DEFAULT) if model_config is None else arch_lib.of(model_config)
 
 
 def _print_ceiling(print_fn, results, dtype_name: str, matmul_size: int, parallel: int, before: float, after: float,
@@ -438,12 +439,13 @@ def _print_ceiling(print_fn, results, dtype_name: str, matmul_size: int, paralle
              f"): {ceiling / 1e12:.3f} TFLOP/s, the higher of a measurement before the steps, {before / 1e12:.3f}, "
              f"and one after them, {after / 1e12:.3f}; nominal bf16 peak: "
              + (f"{peak / 1e12:.0f} TFLOP/s" if peak else "unknown for this device (MFU peak: n/a)"))
-    modern = _is_modern(results)
+    architecture = _architecture(results)
     print_fn(f"model FLOPs: 6*N*T + 12*L*d*T^2 + MLM head at {max_predictions} masked positions"
-             + ("" if modern else " (+ pooler/NSP)") + ", N = encoder matmul parameters, every token through every "
-             "layer; MFU ceil = model FLOP/s / measured ceiling. "
-             + ("The modern encoder's step computes every row of every layer (local layers' scores in full on the "
-                "reference path): " if modern else "The step executes fewer matmul FLOPs, the last layer computing "
+             + (" (+ pooler/NSP)" if architecture.has_nsp else "") + ", N = encoder matmul parameters, every token "
+             "through every layer; MFU ceil = model FLOP/s / measured ceiling. "
+             + (f"The {architecture.name} encoder's step computes every row of every layer (local layers' scores in "
+                "full on the reference path): " if not architecture.gathers_head_rows
+                else "The step executes fewer matmul FLOPs, the last layer computing "
                 "only the [CLS] and masked rows the heads read: ")
              + ", ".join(f"{result['size']} {result['executed_flops_per_step'] / 1e9:.1f} GFLOP" for result in results))
 
@@ -486,12 +488,12 @@ def _time_torch(results, steps: int, warmup: int, threads: int, device: str = "c
 
 
 def _print_torch_tables(print_fn, results, dtype_name: str) -> None:
-    first, modern = results[0], _is_modern(results)
-    print_fn(f"HuggingFace {'ModernBertForMaskedLM' if modern else 'BertForPreTraining'} on {first['torch_device']}, "
+    first, architecture = results[0], _architecture(results)
+    print_fn(f"HuggingFace {architecture.transformers_pretraining_class} on {first['torch_device']}, "
              f"torch {first['torch_version']}, transformers "
              f"{first['transformers_version']}, attention {first['torch_attention']}, "
              f"threads {first['torch_threads']}, {'bf16 autocast' if dtype_name == 'bfloat16' else 'fp32'}, "
-             f"dropout on, same batch; step = forward + {'MLM' if modern else 'MLM/NSP'} loss + backward + clip + "
+             f"dropout on, same batch; step = forward + {'MLM/NSP' if architecture.has_nsp else 'MLM'} loss + backward + clip + "
              "AdamW")
     print_fn("stock: MLM logits at all positions, loss on masked ones; gathered: head on masked positions only; "
              "x = torch time / jax time; losses: first step, fresh initialisation")

@@ -14,7 +14,7 @@ import time
 import numpy as np
 
 from bert_jax import model as model_lib
-from bert_jax import modern as modern_lib
+from bert_jax import arch as arch_lib
 
 
 def unavailable_reason() -> str:
@@ -68,10 +68,11 @@ def benchmark_step(model_config: model_lib.BertConfig, batch: dict[str, np.ndarr
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     try:
-        modern = isinstance(model_config, modern_lib.ModernConfig)  # ModernBertForMaskedLM
-        if modern and task != "pretraining":
-            raise ValueError(f"task={task!r}: the modern encoder is compared in pretraining only")
-        model_class = getattr(transformers, "ModernBertForMaskedLM" if modern else TASK_MODELS[task])
+        architecture = arch_lib.of(model_config)
+        if task != "pretraining" and architecture is not arch_lib.BERT:  # TASK_MODELS are BERT's classes
+            raise ValueError(f"task={task!r}: {architecture.description} is compared in pretraining only")
+        model_class = getattr(transformers, architecture.transformers_pretraining_class if task == "pretraining"
+                              else TASK_MODELS[task])
         hf_config = _hf_config(model_config)
         if task != "pretraining":
             hf_config.num_labels = num_labels
@@ -101,25 +102,13 @@ def benchmark_step(model_config: model_lib.BertConfig, batch: dict[str, np.ndarr
 
 
 def _hf_config(model_config):
-    """transformers.BertConfig of our architecture (ModernBertConfig for bert_jax.modern's)."""
+    """transformers' config of our architecture's pretraining model (its converter's config.json fields), with the
+    benchmark batches' token ids ([CLS] 101, [SEP] 102, padding 0)."""
     import transformers
 
-    if isinstance(model_config, modern_lib.ModernConfig):
-        from bert_jax.interop import modern as modern_interop  # pylint: disable=import-outside-toplevel
-        return transformers.ModernBertConfig(**modern_interop.transformers_config(model_config),
-                                             pad_token_id=0, cls_token_id=101, sep_token_id=102, bos_token_id=101,
-                                             eos_token_id=102)
-
-    return transformers.BertConfig(
-        vocab_size=model_config.vocab_size, hidden_size=model_config.hidden_size,
-        num_hidden_layers=model_config.num_layers, num_attention_heads=model_config.num_heads,
-        intermediate_size=model_config.intermediate_size,
-        # gelu_new is the tanh approximation: our gelu_tanh. "gelu" is the exact erf form in both.
-        hidden_act="gelu_new" if model_config.hidden_act == "gelu_tanh" else "gelu",
-        max_position_embeddings=model_config.max_position_embeddings,
-        type_vocab_size=model_config.type_vocab_size, hidden_dropout_prob=model_config.dropout_rate,
-        attention_probs_dropout_prob=model_config.attention_dropout_rate,
-        initializer_range=model_config.initializer_range, layer_norm_eps=model_config.layer_norm_eps)
+    values = dict(arch_lib.of(model_config).transformers_config(model_config))
+    values.update(pad_token_id=0, cls_token_id=101, sep_token_id=102, bos_token_id=101, eos_token_id=102)
+    return transformers.AutoConfig.for_model(values.pop("model_type"), **values)
 
 
 def _adamw(model, learning_rate: float):

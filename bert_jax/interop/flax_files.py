@@ -22,7 +22,12 @@ FLAX_WEIGHTS, FLAX_CONFIG = "bert_jax_params.safetensors", "bert_jax_config.json
 
 def config_from_ours(config_path: str) -> model_lib.BertConfig:
     """A BertConfig written as JSON by bert_jax (export_flax's bert_jax_config.json, a run's model_config.json)."""
-    values = layout.read_json(config_path)
+    return config_from_values(layout.read_json(config_path), config_path)
+
+
+def config_from_values(values: dict, config_path: str) -> model_lib.BertConfig:
+    """A BertConfig of fields bert_jax wrote (config_from_ours' file, read); errors name `config_path`."""
+    values = dict(values)
     values.pop("matmul", None)  # named by earlier versions; it never changed the weights
     fields = {field.name for field in dataclasses.fields(model_lib.BertConfig)}
     if set(values) - fields:

@@ -164,11 +164,7 @@ def export_hf_classifier(params, bert_config: model_lib.BertConfig, output_dir: 
     head = "qa_outputs" if "qa_outputs/kernel" in flat else "classifier"
     pooled = any(path.startswith("pooler/") for path in flat) and head == "classifier"
     kernel = flat.get(f"{head}/kernel")
-    width = 2 if head == "qa_outputs" else len(label_names)
-    if kernel is None or kernel.shape[1] != width:
-        raise ValueError(f"export_hf_classifier: the parameters have no {head} of {width} outputs "
-                         f"({head}/kernel: {None if kernel is None else kernel.shape}). Fix: pass a fine-tuned "
-                         "model's parameters and its labels.json")
+    layout.check_head_width(kernel, head, 2 if head == "qa_outputs" else len(label_names), "export_hf_classifier")
     tokenizer = layout.as_tokenizer(tokenizer)
     _require_wordpiece(tokenizer, "export_hf_classifier", "a model fine-tuned with a SentencePiece tokenizer stays in "
                        "bert_jax's format (WORKDIR/finetuned, which --config.init reads)")

@@ -1,5 +1,4 @@
-"""--config.init: the architecture comes from the checkpoint it names, BERT's or the modern encoder's
-(bert_jax.modern).
+"""--config.init: the architecture comes from the checkpoint it names, whichever of bert_jax.arch's it is.
 
 `resolve_init_architecture(config)` reads the checkpoint's config file (HuggingFace config.json, the original
 bert_config.json, an export's bert_jax_config.json) or, for a bert_jax run, its model_config.json and array shapes,
@@ -10,19 +9,17 @@ import copy
 import dataclasses
 import json
 import os
-import re
 
 from absl import logging
 import jax
 
+from bert_jax import arch as arch_lib
 from bert_jax import fileio
 from bert_jax import model as model_lib
-from bert_jax import modern
 from bert_jax import presets
 from bert_jax.interop import flax_files
 from bert_jax.interop import huggingface
 from bert_jax.interop import layout
-from bert_jax.interop import modern as interop_modern
 from bert_jax.interop import pretrained
 from bert_jax.interop import tf_checkpoint
 from bert_jax.data import tokenization
@@ -30,14 +27,6 @@ from bert_jax.interop.flax_files import FLAX_CONFIG
 from bert_jax.interop.layout import VOCAB_FILE
 from bert_jax.interop.tf_checkpoint import TF_CONFIG
 
-# The config.model fields a checkpoint fixes; the others (dtype, dropout rates, attention, remat, scan_layers,
-# initializer_range) are the new run's choice.
-ARCHITECTURE_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size", "hidden_act",
-                       "max_position_embeddings", "type_vocab_size", "layer_norm_eps")
-# The same for arch=modern (bert_jax.modern.ModernConfig); classifier_pooling is a fine-tuned checkpoint's choice.
-MODERN_ARCHITECTURE_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
-                              "max_position_embeddings", "local_attention", "global_attn_every_n_layers",
-                              "global_rope_theta", "local_rope_theta", "norm_eps", "classifier_pooling")
 # A bert_jax run's architecture: WORKDIR/model_config.json (pretraining), WORKDIR/finetuned/model_config.json.
 RUN_MODEL_CONFIG = "model_config.json"
 
@@ -47,19 +36,15 @@ class InitArchitecture:
     """What a checkpoint fixes, read from its config file (and, for our own checkpoints, its array shapes) without
     reading any weights."""
 
-    values: dict  # ARCHITECTURE_FIELDS the checkpoint states; a run without model_config.json states fewer
+    values: dict  # the architecture's checkpoint_fields the checkpoint states; a run without model_config.json fewer
     where: str  # the file (or checkpoint directory) they were read from, for messages
     format: str  # "bert_jax_checkpoint", "bert_jax" (export_flax), "huggingface" or "tf_checkpoint"
     vocab_file: str | None = None  # the checkpoint's tokenizer (a path load_tokenizer accepts), if one is known
-    arch: str = "bert"  # or "modern" (bert_jax.modern): its fields are MODERN_ARCHITECTURE_FIELDS
+    arch: str = arch_lib.DEFAULT  # the bert_jax.arch name
 
     @property
     def fields(self) -> tuple[str, ...]:
-        return _fields(self.arch)
-
-
-def _fields(arch: str) -> tuple[str, ...]:
-    return MODERN_ARCHITECTURE_FIELDS if arch == modern.ARCHITECTURE else ARCHITECTURE_FIELDS
+        return arch_lib.get(self.arch).checkpoint_fields
 
 
 def write_run_model_config(directory: str, model_config: model_lib.BertConfig) -> None:
@@ -67,35 +52,20 @@ def write_run_model_config(directory: str, model_config: model_lib.BertConfig) -
     if jax.process_index() == 0:
         fileio.makedirs(directory)
         with fileio.open_file(fileio.join(directory, RUN_MODEL_CONFIG), "w") as file:
-            values = dataclasses.asdict(model_config)
-            if isinstance(model_config, modern.ModernConfig):
-                values = {"arch": modern.ARCHITECTURE, **values}
-            file.write(json.dumps(values, indent=2) + "\n")
+            file.write(json.dumps(arch_lib.of(model_config).record(model_config), indent=2) + "\n")
 
 
-def _checkpoint_shapes(step_directory) -> dict:
-    """The architecture fields the parameter shapes of one of our checkpoints determine (read from its metadata)."""
+def _checkpoint_shapes(step_directory) -> tuple[str, dict]:
+    """(arch, the architecture fields the parameter shapes of one of our checkpoints determine), read from its
+    metadata: the first architecture that recognises the parameter tree."""
     from bert_jax import checkpoint as checkpoint_lib  # pylint: disable=import-outside-toplevel
     params = checkpoint_lib.state_metadata(str(step_directory))["train_state"]["params"]
-    if "embeddings_norm" in params:  # bert_jax.modern's parameter tree
-        vocab_size, hidden_size = params["embeddings"]["embedding"].shape
-        stacked = params.get(model_lib.SCANNED_LAYERS, {})  # scan_layers: groups of members, a leading group axis
-        scanned = len(stacked) * (stacked["member_0"]["mlp_norm"]["scale"].shape[0] if stacked else 0)
-        return {"arch": modern.ARCHITECTURE, "vocab_size": int(vocab_size), "hidden_size": int(hidden_size),
-                "num_layers": sum(1 for name in params if model_lib.is_unrolled_layer(name)) + int(scanned),
-                "intermediate_size": int(params["layer_0"]["mlp_input"]["kernel"].shape[-1])}
-    embeddings = params["embeddings"]
-    vocab_size, hidden_size = embeddings["word_embeddings"]["embedding"].shape
-    if model_lib.SCANNED_LAYERS in params:  # stacked: a leading layer axis
-        intermediate = params[model_lib.SCANNED_LAYERS]["intermediate"]["kernel"].shape
-        num_layers, intermediate_size = intermediate[0], intermediate[-1]
-    else:
-        num_layers = sum(1 for name in params if re.fullmatch(r"layer_\d+", name))
-        intermediate_size = params["layer_0"]["intermediate"]["kernel"].shape[-1]
-    return {"vocab_size": int(vocab_size), "hidden_size": int(hidden_size), "num_layers": int(num_layers),
-            "intermediate_size": int(intermediate_size),
-            "max_position_embeddings": int(embeddings["position_embeddings"]["embedding"].shape[0]),
-            "type_vocab_size": int(embeddings["token_type_embeddings"]["embedding"].shape[0])}
+    for name in arch_lib.names():
+        shapes = arch_lib.get(name).checkpoint_shapes(params)
+        if shapes is not None:
+            return name, shapes
+    raise ValueError(f"{step_directory}: its parameters ({', '.join(sorted(params))}) are no architecture's that "
+                     f"bert_jax knows ({', '.join(arch_lib.names())})")
 
 
 def _run_architecture(path: str) -> InitArchitecture:
@@ -104,19 +74,18 @@ def _run_architecture(path: str) -> InitArchitecture:
     step = checkpoint_lib.step_directory(path)
     # WORKDIR/checkpoints/STEP belongs to WORKDIR; a fine-tuned directory holds its own files.
     home = step.parent.parent if step.name.isdigit() else step
-    values = _checkpoint_shapes(step)
-    arch = values.pop("arch", "bert")
+    arch, values = _checkpoint_shapes(step)
     record, where = home / RUN_MODEL_CONFIG, str(step)
     if record.exists():
         recorded = recorded_config(str(record))
-        recorded_arch = modern.ARCHITECTURE if isinstance(recorded, modern.ModernConfig) else "bert"
+        recorded_arch = arch_lib.of(recorded).name
         disagree = [f"{field}={getattr(recorded, field)!r} there but {value!r} in the arrays"
                     for field, value in dict(values, arch=arch).items()
                     if getattr(recorded, field, recorded_arch) != value]
         if disagree:
             raise ValueError(f"{record} does not describe the checkpoint {step}: {'; '.join(disagree)}. Fix: "
                              "restore the model_config.json that run wrote, or delete it (the shapes are used)")
-        values = {field: getattr(recorded, field) for field in _fields(arch)}
+        values = {field: getattr(recorded, field) for field in arch_lib.get(arch).checkpoint_fields}
         where = str(record)
     vocab_file = pretrained.saved_tokenizer(str(step))
     ready = home / "data" / "READY.json"  # a run that made its data (data.source=corpus) names its tokenizer
@@ -127,14 +96,13 @@ def _run_architecture(path: str) -> InitArchitecture:
 
 
 def recorded_config(path: str):
-    """A run's model_config.json: a BertConfig, or a ModernConfig where it says arch="modern"."""
+    """A run's model_config.json: the config of the architecture its `arch` names (none: BERT's)."""
     values = layout.read_json(path)
-    if values.get("arch", "bert") != modern.ARCHITECTURE:
-        return flax_files.config_from_ours(path)
     try:
-        return modern.architecture_config(values)
+        architecture = arch_lib.get(values.pop("arch", arch_lib.DEFAULT))
     except ValueError as error:
         raise ValueError(f"{path}: {error}") from None
+    return architecture.config_from_record(values, path)
 
 
 def read_architecture(path: str) -> InitArchitecture:
@@ -155,9 +123,7 @@ def read_architecture(path: str) -> InitArchitecture:
     elif kind == "huggingface":
         config_path = huggingface.hf_config_path(path)
         values = layout.read_json(config_path)
-        config = (interop_modern.config_from_transformers(values, config_path)
-                  if values.get("model_type") == interop_modern.MODEL_TYPE
-                  else huggingface.config_from_hf(values, config_path))
+        config = arch_lib.for_transformers(values.get("model_type")).config_from_transformers(values, config_path)
         vocab_file = huggingface.tokenizer_beside(config_path)
     else:
         prefix = tf_checkpoint.tf_prefix(path)
@@ -165,9 +131,9 @@ def read_architecture(path: str) -> InitArchitecture:
         config = tf_checkpoint.config_from_tf(config_path)
         vocab_file = os.path.join(os.path.dirname(prefix), VOCAB_FILE)
     vocab_file = vocab_file if vocab_file and os.path.exists(vocab_file) else None
-    arch = modern.ARCHITECTURE if isinstance(config, modern.ModernConfig) else "bert"
-    return InitArchitecture({field: getattr(config, field) for field in _fields(arch)}, config_path, kind,
-                            vocab_file, arch)
+    architecture = arch_lib.of(config)
+    return InitArchitecture({field: getattr(config, field) for field in architecture.checkpoint_fields},
+                            config_path, kind, vocab_file, architecture.name)
 
 
 def _preset_model(config) -> dict | None:
@@ -175,14 +141,14 @@ def _preset_model(config) -> dict | None:
     preset = config.get("model_preset")
     if not preset:
         return None
-    return (presets.modern_model_config if modern.is_modern(config.model) else presets.model_config)(preset).to_dict()
+    return arch_lib.of(config.model).preset(preset).to_dict()
 
 
 def resolve_init_architecture(config, command_line=()):
     """`config` (a copy) with config.model's architecture taken from the checkpoint config.init names.
 
-    Every field of ARCHITECTURE_FIELDS (MODERN_ARCHITECTURE_FIELDS for a modern encoder's checkpoint: fine-tuning
-    then builds arch=modern, _switch_architecture) the checkpoint states is copied into config.model, except fields set
+    Every field of the checkpoint's architecture's checkpoint_fields (bert_jax.arch; fine-tuning from another
+    architecture's checkpoint than the recipe's then builds that one, _switch_architecture) the checkpoint states is copied into config.model, except fields set
     explicitly, which must agree with it (one ValueError names every one that does not). Explicit: named in
     `command_line` (config paths such as "model.hidden_size": the driver passes its --config.* overrides), or
     different from the recipe preset's value (config.model_preset), so the rule holds for configs built in Python.
@@ -199,7 +165,7 @@ def resolve_init_architecture(config, command_line=()):
     named = {name.split(".", 1)[1] for name in command_line if name.startswith("model.")}
     preset = _preset_model(config)
     pretraining = "features" not in config  # configs/finetune.py has a features section, configs/pretrain.py not
-    if modern.is_modern(config.model) != (source.arch == modern.ARCHITECTURE):
+    if arch_lib.of(config.model).name != source.arch:
         preset = _switch_architecture(resolved, source, named, pretraining)
     model, data = resolved.model, resolved.data
     conflicts = []
@@ -237,28 +203,30 @@ def resolve_init_architecture(config, command_line=()):
 
 
 def _switch_architecture(config, source: InitArchitecture, named: set, pretraining: bool) -> dict:
-    """Fine-tuning from a modern encoder's checkpoint with configs/finetune.py (whose presets are BERT's): config.model
-    becomes arch=modern's preset of the same size, keeping the compute choices (dtype, attention, remat) and every
-    field named on the command line. Returns that preset's config.model, against which explicit fields are told.
-    Pretraining keeps the recipe's architecture: a checkpoint of the other one is refused, with the option to pick."""
-    if pretraining or source.arch != modern.ARCHITECTURE:
-        ours = "arch=modern" if modern.is_modern(config.model) else "arch=bert"
-        fix = ("configs/pretrain.py:arch=modern" if source.arch == modern.ARCHITECTURE
-               else "configs/pretrain.py without arch=modern")
+    """Fine-tuning from another architecture's checkpoint than the recipe's (configs/finetune.py's presets are
+    BERT's; a modern encoder's checkpoint, say): config.model becomes the checkpoint's architecture's preset of the
+    same size, keeping the compute choices (dtype, attention, remat) and every field named on the command line.
+    Returns that preset's config.model, against which explicit fields are told. Pretraining keeps the recipe's
+    architecture: a checkpoint of another one is refused, with the option to pick."""
+    architecture = arch_lib.get(source.arch)
+    if pretraining:
         raise ValueError(f"--config.init={config.init} ({source.where}) is a checkpoint of arch={source.arch!r} but "
-                         f"the recipe trains {ours}. Fix: {fix}")
-    preset = presets.modern_model_config(config.get("model_preset") or "base")
+                         f"the recipe trains arch={arch_lib.of(config.model).name}. Fix: "
+                         f"configs/pretrain.py:arch={source.arch}")
+    preset = architecture.preset(config.get("model_preset") or "base")
     foreign = sorted(name for name in named if name not in preset)
     if foreign:
-        raise ValueError(f"--config.init={config.init} ({source.where}) is a modern encoder (arch=modern), which has "
-                         f"no {', '.join(f'--config.model.{name}' for name in foreign)}. Fix: leave them unset")
+        raise ValueError(f"--config.init={config.init} ({source.where}) is {architecture.description} "
+                         f"(arch={source.arch}), which has no "
+                         f"{', '.join(f'--config.model.{name}' for name in foreign)}. Fix: leave them unset")
     model = preset.copy_and_resolve_references()
     for name in ("dtype", "attention", "remat", *named):
         if name in config.model:
             model[name] = config.model[name]
     with config.unlocked():
         config.model = model
-    logging.info("--config.init=%s is a modern encoder: the model is arch=modern", config.init)
+    logging.info("--config.init=%s is %s: the model is arch=%s", config.init, architecture.description,
+                 source.arch)
     return preset.to_dict()
 
 
@@ -275,9 +243,10 @@ def _check_tokenizer_fits(data, source: InitArchitecture) -> None:
 def _warn_if_another_preset(config, source: InitArchitecture) -> None:
     """The recipe's other defaults (learning rate, epochs) are chosen per preset: say when they are another's."""
     preset = config.get("model_preset")
-    if (not preset or source.arch == modern.ARCHITECTURE
+    # presets.RECIPES were measured on BERT's presets; the other architectures' have no recipes to warn about.
+    if (not preset or arch_lib.get(source.arch) is not arch_lib.BERT
             or not all(field in source.values for field in ("num_layers", "hidden_size", "num_heads"))):
-        return  # the modern presets have no recipes of their own to warn about
+        return
     shape = (source.values["num_layers"], source.values["hidden_size"], source.values["num_heads"])
     if presets.MODEL_PRESETS[preset] != shape:
         match = [name for name, preset_shape in presets.MODEL_PRESETS.items() if preset_shape == shape]

@@ -142,6 +142,15 @@ def check_params(flat: dict, config: model_lib.BertConfig, where: str) -> None:
                              f"implies {shape}. Fix: pass the BertConfig the parameters were made with")
 
 
+def check_head_width(kernel, head: str, width: int, caller: str) -> None:
+    """That a fine-tuned model's head `head` has a kernel (None: absent) of `width` outputs, as its labels say; else
+    the error every architecture's task export gives."""
+    if kernel is None or kernel.shape[1] != width:
+        raise ValueError(f"{caller}: the parameters have no {head} of {width} outputs ({head}/kernel: "
+                         f"{None if kernel is None else kernel.shape}). Fix: pass a fine-tuned model's parameters "
+                         "and its labels.json")
+
+
 def unflatten(flat: dict) -> dict:
     return traverse_util.unflatten_dict(flat, sep="/")
 

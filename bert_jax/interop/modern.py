@@ -75,12 +75,6 @@ def config_from_transformers(values: dict, where: str = "config.json") -> modern
         classifier_pooling=values.get("classifier_pooling", "cls"))
 
 
-def is_modern_hf(path: str) -> bool:
-    """Whether the HuggingFace checkpoint at `path` (a directory or weights file) is a ModernBERT (its config.json's
-    model_type)."""
-    return layout.read_json(huggingface.hf_config_path(path)).get("model_type") == MODEL_TYPE
-
-
 # Tensors a ModernBertModel checkpoint (the encoder alone) lacks, made on import as ModernForMaskedLM's init makes
 # them (seeded): the prediction head and the decoder bias.
 _HEAD_TENSORS = ("head.dense.weight", "head.norm.weight", "decoder.bias")
@@ -241,12 +235,8 @@ def export_hf_task(params, config: modern.ModernConfig, output_dir: str, task: s
     """A fine-tuned modern model (task `task`, TASK_CLASSES) as a directory the matching transformers Auto class
     loads, head and all, with its labels (config.json's id2label / label2id; none for "qa") and `tokenizer`'s
     files, as export_hf writes them. Returns output_dir."""
-    width = 2 if task == "qa" else len(label_names)
     kernel = params["classifier"]["kernel"] if "classifier" in params else None
-    if kernel is None or kernel.shape[1] != width:
-        raise ValueError(f"export_hf_task: the parameters have no classifier of {width} outputs (classifier/kernel: "
-                         f"{None if kernel is None else kernel.shape}). Fix: pass a fine-tuned model's parameters "
-                         "and its labels.json")
+    layout.check_head_width(kernel, "classifier", 2 if task == "qa" else len(label_names), "export_hf_task")
     extra = {"architectures": [TASK_CLASSES[task]]}
     if task != "qa":
         extra.update(id2label={str(index): name for index, name in enumerate(label_names)},

@@ -19,13 +19,12 @@ import os
 
 from flax import traverse_util
 
+from bert_jax import arch as arch_lib
 from bert_jax import fileio
-from bert_jax import modern
 from bert_jax.data import tokenization
 from bert_jax.interop import flax_files
 from bert_jax.interop import huggingface
 from bert_jax.interop import layout
-from bert_jax.interop import modern as interop_modern
 from bert_jax.interop import tf_checkpoint
 from bert_jax.interop.flax_files import FLAX_CONFIG
 from bert_jax.interop.huggingface import HF_CONFIG, HF_PICKLE, HF_WEIGHTS
@@ -68,10 +67,10 @@ def load_pretrained(path: str, *, vocab_size: int | None = None, seed: int = 0, 
     if kind == "bert_jax":
         config, params = flax_files.load_flax(path)
         report = ImportReport(source=path, format=kind, vocab_file=saved_tokenizer(path))
-    elif kind == "huggingface" and interop_modern.is_modern_hf(path):
-        config, params, report = interop_modern.import_hf(path, seed=seed, check_vocab=check_vocab)
     elif kind == "huggingface":
-        config, params, report = huggingface.import_hf(path, seed=seed, check_vocab=check_vocab)
+        model_type = layout.read_json(huggingface.hf_config_path(path)).get("model_type")
+        config, params, report = arch_lib.for_transformers(model_type).import_transformers(
+            path, seed=seed, check_vocab=check_vocab)
     else:
         config, params, report = tf_checkpoint.import_tf(path, seed=seed, check_vocab=check_vocab)
     if vocab_size is not None and vocab_size != config.vocab_size:
@@ -79,7 +78,7 @@ def load_pretrained(path: str, *, vocab_size: int | None = None, seed: int = 0, 
             raise ValueError(f"load_pretrained: vocab_size={vocab_size} is smaller than the {config.vocab_size} rows "
                              f"of {VOCAB_ROWS[0]}; rows are only added, never dropped")
         report.notes.append(f"vocabulary padded from {config.vocab_size} to {vocab_size} rows")
-        rows = interop_modern.VOCAB_ROWS if isinstance(config, modern.ModernConfig) else layout.VOCAB_ROWS
-        params = layout.unflatten(layout.resize_vocab(traverse_util.flatten_dict(params, sep="/"), vocab_size, rows))
+        params = layout.unflatten(layout.resize_vocab(traverse_util.flatten_dict(params, sep="/"), vocab_size,
+                                                      arch_lib.of(config).vocab_rows))
         config = dataclasses.replace(config, vocab_size=vocab_size)
     return config, params, report

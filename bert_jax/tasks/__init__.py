@@ -9,7 +9,6 @@ A task's name is the same everywhere: configs/finetune.py:task=NAME (config.task
 read and labelled, its head, its held-out scores and what it writes; bert_jax.finetune runs one loop over any of them.
 """
 
-from bert_jax import model as model_lib
 from bert_jax.tasks import qa
 from bert_jax.tasks import sequence
 from bert_jax.tasks import tokens
@@ -32,6 +31,6 @@ def read_task(config, tokenizer) -> Task:
     return task_class(config.task).read(config, tokenizer)
 
 
-def head_model(name: str, model_config: model_lib.BertConfig, num_labels: int, encoder: str = "tuned"):
+def head_model(name: str, model_config, num_labels: int, encoder: str = "tuned"):
     """The model with task `name`'s head (as a fine-tuned directory's task.json names it) over `num_labels`."""
     return task_class(name).head(model_config, num_labels, encoder)

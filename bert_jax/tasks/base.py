@@ -6,8 +6,6 @@ from typing import Any, ClassVar
 import flax.linen as nn
 import numpy as np
 
-from bert_jax import model as model_lib
-
 
 class Task:
     """A task's labelled examples, tokenized, with their class names, and the behaviour that differs between tasks.
@@ -39,13 +37,13 @@ class Task:
         raise NotImplementedError
 
     @classmethod
-    def head(cls, model_config: model_lib.BertConfig, num_labels: int, encoder: str = "tuned") -> nn.Module:
+    def head(cls, model_config, num_labels: int, encoder: str = "tuned") -> nn.Module:
         """The model with this task's head over `num_labels` classes; `encoder` (train.encoder) picks its inputs.
-        `model_config` is a BertConfig or, for arch=modern, a bert_jax.modern.ModernConfig: transformers' ModernBert
-        task class."""
+        `model_config` is any architecture's config (bert_jax.arch), whose architecture builds the model: the task
+        chooses which of its task models."""
         raise NotImplementedError
 
-    def model(self, model_config: model_lib.BertConfig, encoder: str = "tuned") -> nn.Module:
+    def model(self, model_config, encoder: str = "tuned") -> nn.Module:
         return self.head(model_config, len(self.names), encoder)
 
     def held_out_scores(self, outputs: np.ndarray, data) -> tuple[dict[str, float], Any]:

@@ -9,9 +9,8 @@ from absl import logging
 import flax.linen as nn
 import numpy as np
 
+from bert_jax import arch as arch_lib
 from bert_jax import fileio
-from bert_jax import model as model_lib
-from bert_jax import modern
 from bert_jax.data import squad
 from bert_jax.tasks.base import Task
 
@@ -55,11 +54,9 @@ class QuestionAnswering(Task):
         return task
 
     @classmethod
-    def head(cls, model_config: model_lib.BertConfig, num_labels: int, encoder: str = "tuned") -> nn.Module:
+    def head(cls, model_config, num_labels: int, encoder: str = "tuned") -> nn.Module:
         del num_labels, encoder  # a start and an end score; always "tuned" (`encoders`)
-        if isinstance(model_config, modern.ModernConfig):
-            return modern.ModernForQuestionAnswering(model_config)
-        return model_lib.BertForQuestionAnswering(model_config)
+        return arch_lib.of(model_config).qa_model(model_config)
 
     def held_out_scores(self, outputs: np.ndarray, data) -> tuple[dict[str, float], Any]:
         """From the start and end scores: exact match, F1; squad.predict's answers, n best and null odds."""

@@ -4,8 +4,7 @@ say), labels [rows]; a classifier on the pooled [CLS] vector. Its held-out score
 from absl import logging
 import flax.linen as nn
 
-from bert_jax import model as model_lib
-from bert_jax import modern
+from bert_jax import arch as arch_lib
 from bert_jax.data import finetune_data
 from bert_jax.tasks.base import Task
 
@@ -30,8 +29,6 @@ class SequenceClassification(Task):
         return task
 
     @classmethod
-    def head(cls, model_config: model_lib.BertConfig, num_labels: int, encoder: str = "tuned") -> nn.Module:
+    def head(cls, model_config, num_labels: int, encoder: str = "tuned") -> nn.Module:
         del encoder  # always "tuned" (`encoders`)
-        if isinstance(model_config, modern.ModernConfig):
-            return modern.ModernForSequenceClassification(model_config, num_labels)
-        return model_lib.BertForSequenceClassification(model_config, num_labels)
+        return arch_lib.of(model_config).sequence_model(model_config, num_labels)

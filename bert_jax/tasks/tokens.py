@@ -8,9 +8,9 @@ from absl import logging
 import flax.linen as nn
 import numpy as np
 
+from bert_jax import arch as arch_lib
 from bert_jax import fileio
 from bert_jax import model as model_lib
-from bert_jax import modern
 from bert_jax.data import conll
 from bert_jax.data import finetune_data
 from bert_jax.tasks.base import Task
@@ -60,10 +60,8 @@ class TokenClassification(Task):
         return task
 
     @classmethod
-    def head(cls, model_config: model_lib.BertConfig, num_labels: int, encoder: str = "tuned") -> nn.Module:
-        if isinstance(model_config, modern.ModernConfig):  # "tuned" only (job_config refuses the others)
-            return modern.ModernForTokenClassification(model_config, num_labels)
-        return model_lib.BertForTokenClassification(model_config, num_labels, encoder=encoder)
+    def head(cls, model_config, num_labels: int, encoder: str = "tuned") -> nn.Module:
+        return arch_lib.of(model_config).token_model(model_config, num_labels, encoder)
 
     def held_out_scores(self, outputs: np.ndarray, data) -> tuple[dict[str, float], Any]:
         """From the most likely tag of each position: entity precision, recall, F1; the tags per sentence and word."""

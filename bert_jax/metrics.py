@@ -13,7 +13,7 @@ import numpy as np
 
 from bert_jax import arch as arch_lib
 from bert_jax import fileio
-from bert_jax.data import tfrecord
+from bert_jax import record_framing
 
 # Dense bf16 peak FLOP/s per chip, for the MFU estimate; matched against jax.Device.device_kind.
 PEAK_FLOPS_BY_DEVICE_KIND = (
@@ -93,7 +93,7 @@ class _EventWriter:
         fileio.makedirs(directory)
         name = (f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}.{os.getpid()}.{next(_EVENT_FILES)}"
                 ".v2")
-        self._file = tfrecord.TFRecordWriter(fileio.join(directory, name))
+        self._file = record_framing.TFRecordWriter(fileio.join(directory, name))
         self._write(event_pb2.Event(file_version="brain.Event:2"))
 
     def _write(self, event) -> None:
@@ -209,7 +209,7 @@ def drop_events_after(directory: str, step: int) -> int:
             continue
         if "tfevents" not in os.path.basename(path):
             continue
-        records, cut = tfrecord.read_framed_records(path)
+        records, cut = record_framing.read_framed_records(path)
         # A framed record is the 12-byte length header, the Event, and its 4-byte CRC.
         kept = [record for record in records if event_pb2.Event.FromString(record[12:-4]).step <= step]
         if cut or len(kept) < len(records):

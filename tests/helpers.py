@@ -90,11 +90,12 @@ def write_pretraining_records(path, *, num_records, seed, max_seq_length=32, max
 
     Small shapes (32 tokens, 5 predictions, ids below TINY_VOCAB) that tiny_config trains on in a fraction of the
     time the 128-token, 30522-word fixtures in tests/fixtures/google_bert take. Returns `path` as a str."""
+    from bert_jax import record_framing  # pylint: disable=import-outside-toplevel
     from bert_jax.data import instances, tfrecord  # pylint: disable=import-outside-toplevel
     batch = input_pipeline.synthetic_batch(np.random.default_rng(seed), batch_size=num_records,
                                            max_seq_length=max_seq_length,
                                            max_predictions_per_seq=max_predictions_per_seq, vocab_size=vocab_size)
-    writer = tfrecord.TFRecordWriter(str(path))
+    writer = record_framing.TFRecordWriter(str(path))
     for row in range(num_records):
         length = int(batch["input_mask"][row].sum())
         count = int(batch["masked_lm_weights"][row].sum())

@@ -11,6 +11,7 @@ import jax
 import numpy as np
 import pytest
 
+from bert_jax.benchmarks import batches
 from bert_jax.benchmarks import step as benchmark
 from bert_jax.benchmarks import matmul_bound
 from bert_jax import metrics as metrics_lib
@@ -143,12 +144,12 @@ def test_model_flops_count_encoder_matmuls_attention_and_masked_head_only():
 
 
 def test_synthetic_batch_masks_distinct_real_tokens():
-    batch = benchmark.synthetic_batch(8, 32, 5, vocab_size=512, seed=1)
+    batch = batches.synthetic_batch(8, 32, 5, vocab_size=512, seed=1)
     lengths = batch["input_mask"].sum(1)
     for row, positions in enumerate(batch["masked_lm_positions"]):
         assert len(set(positions.tolist())) == 5
         assert positions.min() >= 1 and positions.max() < lengths[row] - 1
-    assert (np.take_along_axis(batch["input_ids"], batch["masked_lm_positions"], 1) == benchmark.MASK_ID).all()
+    assert (np.take_along_axis(batch["input_ids"], batch["masked_lm_positions"], 1) == batches.MASK_ID).all()
     assert (batch["input_ids"][batch["input_mask"] == 0] == 0).all()
 
 

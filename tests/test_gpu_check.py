@@ -1,5 +1,5 @@
 """The GPU check (bert_jax.benchmarks.gpu) on the CPU: it runs to its table without TensorFlow, transformers runs on
-the JAX side's platform, and its synthetic packed rows are laid out as the packer's."""
+the JAX side's platform, and its synthetic packed rows are the input pipeline packer's."""
 
 import json
 import os
@@ -9,7 +9,9 @@ import sys
 import numpy as np
 import pytest
 
+from bert_jax.benchmarks import batches
 from bert_jax.benchmarks import gpu
+from bert_jax.benchmarks import gpu_table
 from bert_jax.benchmarks import step as step_benchmark
 from bert_jax.benchmarks import torch_reference
 from tests.helpers import ROOT
@@ -42,7 +44,7 @@ def test_the_gpu_check_runs_to_its_table_without_tensorflow(tmp_path):
     lines = result.stdout.splitlines()
     header = next(index for index, line in enumerate(lines) if line.startswith("section"))
     assert lines[header].split("  ")[0] == "section"
-    positions = [lines[header].index(column) for column in gpu.COLUMNS]
+    positions = [lines[header].index(column) for column in gpu_table.COLUMNS]
     assert positions == sorted(positions), lines[header]  # every column, in order
     rows = [line.split() for line in lines[header + 1:header + 5]]
     assert [row[:5] for row in rows] == [["pretrain", "tiny", "64", "8", "cudnn>xla"],
@@ -56,7 +58,7 @@ def test_the_gpu_check_runs_to_its_table_without_tensorflow(tmp_path):
                                                                                     ("qa", 32, 8)}
     assert all(job["device"] == "cpu" and job["step_s"] > 0 for job in jobs)  # the JAX side's platform
     table = report["table"]
-    assert [list(row) for row in table] == [list(gpu.COLUMNS)] * 4
+    assert [list(row) for row in table] == [list(gpu_table.COLUMNS)] * 4
     pack_off, pack_on = report["jax"]["rows"][1:3]
     assert (pack_off["packed"], pack_on["packed"]) == (False, True)
     # Packed rows of the same instances hold more real tokens (instance lengths uniform in [16, 64]: about 60% of
@@ -65,13 +67,13 @@ def test_the_gpu_check_runs_to_its_table_without_tensorflow(tmp_path):
     for row in table:
         assert float(row["step s"]) > 0 and float(row["x torch"]) > 0 and row["note"] == ""
     markdown = (out / "gpu_check.md").read_text()
-    assert "| " + " | ".join(gpu.COLUMNS) + " |" in markdown and "MLPerf" in markdown
+    assert "| " + " | ".join(gpu_table.COLUMNS) + " |" in markdown and "MLPerf" in markdown
 
 
 def test_packed_rows_hold_whole_instances_laid_out_as_the_packer_lays_them():
-    lengths = gpu.pack_instance_lengths(64, 128, seed=3)
-    batch, placed = gpu.packed_batch(lengths, 8, 128, 4, vocab_size=30522, seed=4)
-    slots = gpu.packed_predictions(128, 4)
+    lengths = batches.pack_instance_lengths(64, 128, seed=3)
+    batch, placed = batches.packed_batch(lengths, 8, 128, 4, vocab_size=30522, seed=4)
+    slots = batches.packed_predictions(128, 4)
     assert batch["masked_lm_positions"].shape == (8, slots) and batch["nsp_positions"].shape == (8, 4)
     real = 0
     for row in range(8):
@@ -88,11 +90,11 @@ def test_packed_rows_hold_whole_instances_laid_out_as_the_packer_lays_them():
         assert np.all(batch["input_mask"][row] == (ids > 0))
         predictions = batch["masked_lm_weights"][row] > 0
         masked = batch["masked_lm_positions"][row][predictions]
-        assert np.all(batch["input_ids"][row][masked] == step_benchmark.MASK_ID)
+        assert np.all(batch["input_ids"][row][masked] == batches.MASK_ID)
         assert np.all(batch["masked_lm_ids"][row][predictions] >= 1000) and np.all(ids[masked] > 0)
     assert real == batch["input_mask"].sum() and placed == int(batch["nsp_weights"].sum())
-    assert batch["input_mask"].mean() > 0.9  # first fit over 64 instances fills the rows
-    unpacked = gpu.unpacked_batch(lengths[:8], 128, step_benchmark.default_max_predictions(128), vocab_size=30522, seed=4)
+    assert batch["input_mask"].mean() > 0.9  # the packer over 64 instances fills the rows (rows taken evenly)
+    unpacked = batches.unpacked_batch(lengths[:8], 128, batches.default_max_predictions(128), vocab_size=30522, seed=4)
     assert np.array_equal(unpacked["input_mask"].sum(1), lengths[:8])
 
 

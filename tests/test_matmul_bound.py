@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from bert_jax.benchmarks import batches
 from bert_jax.benchmarks import step as benchmark
 from bert_jax.benchmarks import matmul_bound
 from bert_jax import metrics as metrics_lib
@@ -144,7 +145,7 @@ def _train_step_matmuls(**model_overrides):
     mesh = sharding_lib.create_mesh(config.mesh, jax.devices()[:1])
     rules = sharding_lib.logical_rules(config.mesh)
     tx, schedule = optim.create_optimizer(config.optim, config.train.num_steps)
-    batch = benchmark.synthetic_batch(4, 32, 5, model_config.vocab_size)
+    batch = batches.synthetic_batch(4, 32, 5, model_config.vocab_size)
     with jax.set_mesh(mesh):
         # The state's shapes only: the matmuls are read from the step's trace, so no init program is compiled.
         state, shardings, _ = train.abstract_train_state(model, tx, mesh, rules, 32, 5)

@@ -83,6 +83,24 @@ def test_packer_keeps_every_instance_whole_once_and_is_deterministic():
     assert sorted(_unpack(_pack(short))) == sorted(_originals(short))
 
 
+def test_numpy_packer_gives_the_tf_data_packers_rows():
+    # The GPU check packs with pack_batch_numpy (its images may lack TensorFlow): its rows must be the pipeline's.
+    fixture, short = _fixture_instances(), _short_instances(count=64, seed=5)
+    for batch, instances, predictions in ((fixture, INSTANCES, 20 * INSTANCES), (fixture, 8, 40), (short, 1, 5),
+                                          (short, 2, 6), (short, 3, 15), (short, 4, 20)):
+        expected = _pack(batch, instances, predictions)
+        got = packing.pack_batch_numpy(batch, max_instances_per_row=instances, max_predictions_per_row=predictions)
+        assert set(got) == set(packing.PACKED_FEATURES)
+        for name in packing.PACKED_FEATURES:
+            assert got[name].dtype == expected[name].dtype, name
+            np.testing.assert_array_equal(got[name], expected[name], err_msg=name)
+    with pytest.raises(ValueError, match="more predictions than the 4 slots of a packed row"):
+        packing.pack_batch_numpy(short, max_instances_per_row=4, max_predictions_per_row=4)
+    shifted = dict(short, input_mask=np.roll(short["input_mask"], 1, axis=1))
+    with pytest.raises(ValueError, match="packing needs trailing padding"):
+        packing.pack_batch_numpy(shifted, max_instances_per_row=4, max_predictions_per_row=20)
+
+
 def test_padding_fraction_falls_on_the_fixture():
     batch = _fixture_instances()
     assert int(batch["input_mask"].sum()) == 6207

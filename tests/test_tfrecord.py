@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from bert_jax import record_framing
 from bert_jax.data import instances
 from bert_jax.data import tfrecord
 
@@ -22,7 +23,7 @@ UNMASKED = [instance._replace(masked_lm_positions=None, masked_lm_ids=None) for 
 
 
 def _write(path, records):
-    writer = tfrecord.TFRecordWriter(str(path))
+    writer = record_framing.TFRecordWriter(str(path))
     for record in records:
         writer.write(record)
     writer.close()

@@ -27,7 +27,6 @@ from absl import app
 from absl import flags
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from bert_jax import arch as arch_lib
 from bert_jax import attention as attention_lib
@@ -36,6 +35,7 @@ from bert_jax import presets
 from bert_jax import runtime
 from bert_jax import sharding as sharding_lib
 from bert_jax import train
+from bert_jax.benchmarks import batches
 from bert_jax.benchmarks import matmul_bound as matmul_bound_lib
 from bert_jax.benchmarks import torch_reference
 
@@ -78,7 +78,8 @@ STEP_COLUMNS = ("preset", "seq", "batch", "dtype", "compile s", "step s", "seq/s
                 "TFLOP/s", "MFU ceil", "MFU peak", "XLA GiB", "peak GiB")
 TORCH_COLUMNS = ("preset", "threads", "jax s", "torch stock s", "torch gathered s", "x stock", "x gathered",
                  "jax loss", "torch loss")
-MASK_ID = 103  # [MASK] in the BERT uncased vocabulary
+
+
 def schedulable_cores() -> int:
     """Cores this process may run on: XLA:CPU sizes its intra-op thread pool by the same affinity mask."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
@@ -112,45 +113,6 @@ def matmul_ceiling(size: int, dtype, repeats: int = 10) -> float:
     name = jnp.dtype(dtype).name
     square = matmul_bound_lib.Matmul((size, size), name, (size, size), name, ((((1,), (0,)), ((), ())), None))
     return square.flops / matmul_bound_lib.median_seconds(matmul_bound_lib.alone(square), repeats)
-
-
-def synthetic_batch(batch_size: int, seq_length: int, max_predictions: int, vocab_size: int,
-                    seed: int = 0) -> dict[str, np.ndarray]:
-    """A pretraining batch in the TFRecord layout: padded pairs, distinct masked positions inside each sequence.
-
-    Both frameworks are fed exactly these arrays. Positions are distinct so that HuggingFace's per-token labels
-    (-100 elsewhere) describe the same targets as our gathered (positions, ids, weights) triple.
-    """
-    rng = np.random.default_rng(seed)
-    lengths = rng.integers(seq_length // 2, seq_length + 1, size=batch_size)
-    # Ordinary word pieces: above the special tokens ([PAD], [UNK], [CLS], [SEP], [MASK] sit below 1000 in BERT).
-    input_ids = rng.integers(min(1000, vocab_size // 2), vocab_size, size=(batch_size, seq_length)).astype(np.int32)
-    input_mask = (np.arange(seq_length)[None] < lengths[:, None]).astype(np.int32)
-    segment_ids = ((np.arange(seq_length)[None] >= lengths[:, None] // 2) * input_mask).astype(np.int32)
-    positions = np.zeros((batch_size, max_predictions), np.int32)
-    for row, length in enumerate(lengths):
-        # Inside the real tokens, skipping [CLS] and the final [SEP]; wider only if there are too few of them.
-        candidates = np.arange(1, max(int(length) - 1, 2))
-        if len(candidates) < max_predictions:
-            candidates = np.arange(1 if seq_length > max_predictions else 0, seq_length)
-        replace = len(candidates) < max_predictions
-        positions[row] = np.sort(rng.choice(candidates, max_predictions, replace=replace))
-    masked_lm_ids = np.take_along_axis(input_ids, positions, axis=1)
-    np.put_along_axis(input_ids, positions, MASK_ID, axis=1)
-    return {
-        "input_ids": input_ids * input_mask,
-        "input_mask": input_mask,
-        "segment_ids": segment_ids,
-        "masked_lm_positions": positions,
-        "masked_lm_ids": masked_lm_ids.astype(np.int32),
-        "masked_lm_weights": np.ones((batch_size, max_predictions), np.float32),
-        "next_sentence_labels": rng.integers(0, 2, size=batch_size).astype(np.int32),
-    }
-
-
-def default_max_predictions(seq_length: int) -> int:
-    """Masked positions per sequence when none are given: 15% of seq_length, at least 1."""
-    return max(1, round(0.15 * seq_length))
 
 
 def preset_config(size: str, seq_length: int, max_predictions: int, dtype: str, batch_size: int, num_steps: int,
@@ -213,7 +175,7 @@ def benchmark_step(size: str, seq_length: int, batch_size: int, max_predictions:
     config = preset_config(size, seq_length, max_predictions, dtype, batch_size, steps + warmup + 1, arch=arch)
     setup = train.pretraining_setup(config, devices)
     model_config = setup.model.config
-    batch = synthetic_batch(batch_size, seq_length, max_predictions, model_config.vocab_size)
+    batch = batches.synthetic_batch(batch_size, seq_length, max_predictions, model_config.vocab_size)
 
     with jax.set_mesh(setup.mesh):
         state = setup.create_state(jax.random.key(0))
@@ -363,7 +325,7 @@ def run(sizes, seq_length: int, batch_size: int, max_predictions: int = 0, dtype
     devices = list(jax.devices() if devices is None else devices)
     device = devices[0]
     dtype_name = jnp.dtype(dtype).name
-    max_predictions = max_predictions or default_max_predictions(seq_length)
+    max_predictions = max_predictions or batches.default_max_predictions(seq_length)
     cores = schedulable_cores()
     threads = threads or cores
     compare_torch, missing_torch = _torch_comparison(compare_torch, device.platform)

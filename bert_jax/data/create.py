@@ -47,6 +47,7 @@ from absl import logging
 import tqdm
 
 from bert_jax import fileio
+from bert_jax import record_framing
 from bert_jax.data import corpus
 from bert_jax.data import instances as instances_lib
 from bert_jax.data import tfrecord
@@ -305,7 +306,7 @@ def _create(source, tokenizer, output_dir, options, start_pool, started, *, num_
     final_paths = shard_paths(output_dir, prefix, num_shards)
     # Written under hidden names and renamed only after success, so a failed run leaves no file that looks whole.
     temporary_paths = [fileio.join(output_dir, f".{posixpath.basename(path)}.incomplete") for path in final_paths]
-    writers = [tfrecord.TFRecordWriter(path) for path in temporary_paths]
+    writers = [record_framing.TFRecordWriter(path) for path in temporary_paths]
 
     corpus_stats = corpus.CorpusStats()
     try:

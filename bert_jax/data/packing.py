@@ -27,7 +27,8 @@ input_ids, input_mask, segment_ids, position_ids, instance_ids int32 [B, T]; mas
 int32 [B, P]; masked_lm_weights float32 [B, P]; nsp_positions, next_sentence_labels int32 [B, I]; nsp_weights
 float32 [B, I] (1 for a real instance, 0 for an empty slot).
 
-This module imports TensorFlow only where it packs, so config validation works without it.
+This module imports TensorFlow only where it packs, so config validation works without it; `pack_batch_numpy` is
+the same packer in numpy, for a process with no TensorFlow at all.
 """
 
 import dataclasses
@@ -236,6 +237,66 @@ def place_instances(lengths, num_predictions, *, max_seq_length: int, max_instan
                       max_predictions_per_row=max_predictions_per_row)
     return tuple(value.numpy() for value in place(np.asarray(lengths, np.int32),
                                                   np.asarray(num_predictions, np.int32)))
+
+
+def pack_batch_numpy(batch: dict[str, np.ndarray], *, max_instances_per_row: int,
+                     max_predictions_per_row: int) -> dict[str, np.ndarray]:
+    """`pack_batch` in numpy alone, for callers without TensorFlow (the GPU check: GPU images often lack it).
+
+    The same placement (first-fit decreasing, `_placement`) and the same layout, so its rows equal the tf.data
+    packer's (tests/test_packing.py compares them); the checks raise ValueError instead of TF's errors."""
+    input_mask = np.asarray(batch["input_mask"]) > 0
+    count, max_seq_length = input_mask.shape
+    lengths = input_mask.sum(1)
+    is_prediction = np.asarray(batch["masked_lm_weights"], np.float32) > 0
+    num_predictions = is_prediction.sum(1)
+    source_positions = np.asarray(batch["masked_lm_positions"], np.int64)
+    if not np.array_equal(input_mask, np.arange(max_seq_length)[None] < lengths[:, None]):
+        raise ValueError("packing needs trailing padding: input_mask must be ones then zeros in every instance")
+    if (lengths == 0).any():
+        raise ValueError("packing met an instance with no real tokens (input_mask all zero); the data is corrupt")
+    if (num_predictions > max_predictions_per_row).any():
+        raise ValueError(f"an instance has more predictions than the {max_predictions_per_row} slots of a packed row")
+    if (is_prediction & (source_positions >= lengths[:, None])).any():
+        raise ValueError("a masked_lm_position points at padding; packing would move it into another instance")
+
+    # The placement: sequential, as `_placement`'s while loop, over the rows opened so far.
+    row, slot, token_offset, prediction_offset = (np.zeros(count, np.int64) for _ in range(4))
+    tokens_used, predictions_used, instances_in_row = (np.zeros(count, np.int64) for _ in range(3))
+    opened = 0
+    for instance in np.argsort(-lengths, kind="stable"):
+        fits = ((tokens_used[:opened] + lengths[instance] <= max_seq_length)
+                & (predictions_used[:opened] + num_predictions[instance] <= max_predictions_per_row)
+                & (instances_in_row[:opened] < max_instances_per_row))
+        target = int(np.argmax(fits)) if fits.any() else opened
+        opened = max(opened, target + 1)
+        row[instance], slot[instance] = target, instances_in_row[target]
+        token_offset[instance], prediction_offset[instance] = tokens_used[target], predictions_used[target]
+        tokens_used[target] += lengths[instance]
+        predictions_used[target] += num_predictions[instance]
+        instances_in_row[target] += 1
+
+    widths = feature_widths(max_seq_length, PackingOptions(max_instances_per_row, max_predictions_per_row, count))
+    packed = {name: np.zeros((opened, width), np.float32 if name in FLOAT_FEATURES else np.int32)
+              for name, width in widths.items()}
+    instance, token = np.nonzero(input_mask)
+    where = (row[instance], token_offset[instance] + token)
+    packed["input_ids"][where] = np.asarray(batch["input_ids"])[instance, token]
+    packed["input_mask"][where] = 1
+    packed["segment_ids"][where] = np.asarray(batch["segment_ids"])[instance, token]
+    packed["position_ids"][where] = token
+    packed["instance_ids"][where] = slot[instance] + 1
+    instance, chosen = np.nonzero(is_prediction)
+    rank = (np.cumsum(is_prediction, axis=1) - 1)[instance, chosen]
+    where = (row[instance], prediction_offset[instance] + rank)
+    packed["masked_lm_positions"][where] = token_offset[instance] + source_positions[instance, chosen]
+    packed["masked_lm_ids"][where] = np.asarray(batch["masked_lm_ids"])[instance, chosen]
+    packed["masked_lm_weights"][where] = np.asarray(batch["masked_lm_weights"], np.float32)[instance, chosen]
+    where = (row, slot)
+    packed["nsp_positions"][where] = token_offset
+    packed["next_sentence_labels"][where] = np.asarray(batch["next_sentence_labels"]).reshape(count)
+    packed["nsp_weights"][where] = 1.0
+    return packed
 
 
 def pack_dataset(dataset, *, batch_size: int, max_seq_length: int, options: PackingOptions):

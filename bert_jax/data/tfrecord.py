@@ -5,10 +5,11 @@ Two layouts, told apart by their features:
   "unmasked"  only the sequences and the next-sentence label (UNMASKED_FEATURES); the input pipeline masks them
               afresh each time they are read.
 
-Writing (`serialize_example`, `TFRecordWriter`) is done by hand and never imports TensorFlow: it takes seconds and
-hundreds of MB to import, which making data from local text into local shards should not pay, and the protobuf
-classes would cost more than making the instances. Reading (`feature_spec`) and the checks that a file holds the
-layout a config expects import it when called.
+Writing (`serialize_example`; the framing and `TFRecordWriter` are bert_jax.record_framing's, shared with the
+metrics' event files) is done by hand and never imports TensorFlow: it takes seconds and hundreds of MB to import,
+which making data from local text into local shards should not pay, and the protobuf classes would cost more than
+making the instances. Reading (`feature_spec`) and the checks that a file holds the layout a config expects
+import it when called.
 """
 
 from __future__ import annotations
@@ -17,9 +18,7 @@ import concurrent.futures
 import struct
 from typing import Sequence
 
-import google_crc32c
-
-from bert_jax import fileio
+from bert_jax.record_framing import TFRecordWriter  # noqa: F401  (re-exported: the writer of this format)
 
 SEQUENCE_FEATURES = ("input_ids", "input_mask", "segment_ids")  # int64 [max_seq_length]
 PREDICTION_FEATURES = ("masked_lm_positions", "masked_lm_ids", "masked_lm_weights")  # [max_predictions_per_seq]
@@ -54,7 +53,7 @@ def feature_spec(max_seq_length: int, max_predictions_per_seq: int, layout: str 
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# The writer: tf.train.Example encoding and TFRecord framing, by hand.
+# The writer: tf.train.Example encoding by hand (the framing is bert_jax.record_framing's).
 
 
 def _varint(value: int) -> bytes:
@@ -137,51 +136,6 @@ def serialize_example(instance, *, max_seq_length: int, max_predictions_per_seq:
     entries.append(_entry("next_sentence_labels", _INT64_LIST, _VARINTS[instance.next_sentence_label]))
     body = b"".join(entries)
     return b"\x0a" + (_VARINTS[len(body)] if len(body) < len(_VARINTS) else _varint(len(body))) + body
-
-
-def _masked_crc(data: bytes) -> int:
-    crc = google_crc32c.value(data)
-    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
-
-
-def read_framed_records(path: str) -> tuple[list[bytes], bool]:
-    """Every whole record of the TFRecord file `path` as framed on disk (what frame_record returns), and whether the
-    file ends in a record cut short or failing its CRCs (that record and anything after it are left out)."""
-    with fileio.open_file(path, "rb") as file:
-        data = file.read()
-    records, offset = [], 0
-    while offset < len(data):
-        length = struct.unpack("<Q", data[offset:offset + 8])[0] if offset + 12 <= len(data) else None
-        end = offset + 12 + length + 4 if length is not None else len(data) + 1
-        if (end > len(data)
-                or struct.unpack("<I", data[offset + 8:offset + 12])[0] != _masked_crc(data[offset:offset + 8])
-                or struct.unpack("<I", data[end - 4:end])[0] != _masked_crc(data[offset + 12:end - 4])):
-            return records, True
-        records.append(data[offset:end])
-        offset = end
-    return records, False
-
-
-def frame_record(data: bytes) -> bytes:
-    """One record in the TFRecord file format: length, masked CRC-32C of the length, data, masked CRC-32C of it."""
-    length = struct.pack("<Q", len(data))
-    return b"".join((length, struct.pack("<I", _masked_crc(length)), data, struct.pack("<I", _masked_crc(data))))
-
-
-class TFRecordWriter:
-    """Writes TFRecord files: by hand on local disk, through tf.io.TFRecordWriter elsewhere (gs://, ...)."""
-
-    def __init__(self, path: str):
-        if fileio.is_remote(path):
-            self._writer = _tf().io.TFRecordWriter(path)
-            self.write = self._writer.write
-        else:
-            self._writer = open(path, "wb")  # pylint: disable=consider-using-with
-            self.write = lambda record: self._writer.write(frame_record(record))
-        self.flush = self._writer.flush
-
-    def close(self) -> None:
-        self._writer.close()
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -296,12 +296,15 @@ def _create_state(config, setup: Setup, source) -> TrainState:
     return setup.create_state(jax.random.split(jax.random.key(config.train.seed))[0], loaded)
 
 
-class _FineTuning:
-    """What fine-tuning adds to bert_jax.loop: the task's held-out scores (and its predictions, kept for the files
-    written at the end), examples per second, its log line, and the input at a step."""
+class _FineTuning(loop.Job):
+    """What fine-tuning adds to bert_jax.loop: its step and input, a fresh state from --config.init, the task's
+    held-out scores (and its predictions, kept for the files written at the end), examples per second, its log line,
+    the input at a step, and a judgement of the last step's parameters."""
 
-    def __init__(self, config, task, setup: Setup, num_steps: int, rows):
+    def __init__(self, config, task, setup: Setup, num_steps: int, rows, source):
         self.config, self.task, self.setup, self.num_steps, self.rows = config, task, setup, num_steps, rows
+        self.source = source
+        self.train_step = setup.jit_train_step(make_train_step(setup.model, setup.tx, setup.schedule, setup.rules))
         self.eval_step = setup.jit_eval_step(make_eval_step(setup.model, setup.rules))
         make_step = make_logits_step if task.eval_output == "logits" else make_predict_step
         self.predict_step = setup.jit_eval_step(make_step(setup.model, setup.rules))
@@ -311,6 +314,9 @@ class _FineTuning:
         train = self.config.train
         return finetune_data.TrainBatches(self.task.train_encoded, self.task.train_labels, train.batch_size,
                                           train.seed, self.rows, position)
+
+    def fresh_state(self) -> TrainState:
+        return _create_state(self.config, self.setup, self.source)
 
     def eval_due(self, step: int) -> bool:
         eval_every = self.config.train.eval_every
@@ -361,12 +367,8 @@ def finetune(config, workdir: str) -> TrainResult:
     output_dir = fileio.join(workdir, FINETUNED_SUBDIR)
     with jax.set_mesh(mesh):
         rows = sharding_lib.process_rows(setup.batch_sharding, config.train.batch_size)
-        job = _FineTuning(config, task, setup, num_steps, rows)
-        train_step = setup.jit_train_step(make_train_step(model, tx, schedule, rules))
-        result, state, batches = loop.train(job, setup, config, workdir, num_steps=num_steps, train_step=train_step,
-                                            batches=job.batches(), fresh_state=lambda: _create_state(config, setup,
-                                                                                                     source),
-                                            final_problem=job.final_problem)
+        job = _FineTuning(config, task, setup, num_steps, rows, source)
+        result, state, batches = loop.train(job, setup, config, workdir)
         if result.preempted_at_step is not None and result.preempted_at_step < num_steps:
             return result
         if not result.metrics and config.data.eval_file:  # a finished run, rerun: its scores again

@@ -1,22 +1,28 @@
 """The one training loop every job runs (pretraining and fine-tuning), and where a run starts from.
 
-`train(job, setup, config, workdir, ...)` starts from the workdir's newest checkpoint (else the job's fresh state:
---config.init or scratch), then runs steps with one in flight: each step is judged by the next step's metrics read
-(bert_jax.divergence), log lines carry the window's mean metrics, the throughput and any held-out scores due,
-checkpoints are saved (asynchronously) once their loss is known to be healthy, a diverged step rewinds to the newest
-verified checkpoint (checkpoint.max_rewinds) or stops naming it, SIGTERM saves and stops, and the profiler traces
-the steps asked for. What differs per job (its held-out evaluation, its throughput figures, its log line, how its
-input starts again) comes from the `Job` it is given: the loop never asks which job it runs.
+`train(job, setup, options, workdir)` starts from the workdir's newest checkpoint (else the job's fresh state:
+--config.init or scratch), then runs steps to `job.num_steps` with one in flight: each step is judged by the next
+step's metrics read (bert_jax.divergence), log lines carry the window's mean metrics, the throughput and any held-out
+scores due, checkpoints are saved (asynchronously) once their loss is known to be healthy, a diverged step rewinds to
+the newest verified checkpoint (checkpoint.max_rewinds) or stops naming it, SIGTERM saves and stops, and the profiler
+traces the steps asked for.
 
-The config sections it reads are the same in every recipe: `checkpoint` (every_steps, max_to_keep, keep_best,
-async_save, compression, restore_step, skip_batches, max_rewinds, rewind_skip_batches) and `train` (seed, log_every,
-spike_factor, spike_window, profile_start_step, profile_steps, dropout_rng).
+Everything a job adds comes through one interface, the `Job` it is given, which jobs subclass: what it trains
+(num_steps, train_step, its training input from the start, the fresh state of a run with no checkpoint), its held-out
+evaluation, its throughput figures, its log line, how its input starts again, and optionally a hook on the state the
+run starts from and a judgement of the parameters after the last step. The loop never asks which job it runs.
+
+`options` is the config the loop reads, the same sections in every recipe: `checkpoint` (every_steps, max_to_keep,
+keep_best, async_save, compression, restore_step, skip_batches, max_rewinds, rewind_skip_batches) and `train` (seed,
+log_every, spike_factor, spike_window, profile_start_step, profile_steps, dropout_rng), plus `init` for the log line
+of a fresh start.
 """
 
+import abc
 import contextlib
 import dataclasses
 import time
-from typing import Callable, Iterator, Protocol
+from typing import Callable, Iterator
 
 from absl import logging
 from etils import epath
@@ -32,24 +38,51 @@ from bert_jax import sharding as sharding_lib
 from bert_jax.train import Setup, TrainState, dropout_key
 
 
-class Job(Protocol):
-    """What a job adds to the loop."""
+class Job(abc.ABC):
+    """Everything a job gives the loop. A base class rather than a Protocol: the optional hooks' defaults are
+    written once, here, and a job that lacks a required method fails when it is built, naming it."""
 
+    num_steps: int  # the step the run trains to
+    train_step: Callable  # setup's jitted step: (state, batch, rng) -> (state, metrics)
+
+    @abc.abstractmethod
+    def batches(self) -> Iterator:
+        """The training input from its start (on resume, the checkpoint's position replaces its own)."""
+
+    @abc.abstractmethod
+    def fresh_state(self) -> TrainState:
+        """The state of a run with no checkpoint (--config.init or scratch)."""
+
+    @abc.abstractmethod
     def eval_due(self, step: int) -> bool:
         """Whether step `step` ends with a held-out evaluation (and so a log line)."""
 
+    @abc.abstractmethod
     def evaluate(self, params) -> dict[str, float]:
         """Held-out scores of `params`, named eval_*."""
 
+    @abc.abstractmethod
     def rates(self, steps_per_second: float) -> dict[str, float]:
         """Throughput scalars for a log line."""
 
+    @abc.abstractmethod
     def log_line(self, step: int, num_steps: int, scalars: dict[str, float], steps_per_second: float) -> str:
         """The text of a log line."""
 
+    @abc.abstractmethod
     def restart_input(self, step: int) -> Iterator:
         """The training input for a run restored at `step` from a checkpoint that holds no input position for this
         number of processes: a stream the run has not just seen."""
+
+    def on_start(self, state: TrainState) -> None:
+        """Called with the state the run starts from (restored or fresh); by default nothing."""
+
+    def final_problem(self, params, batches: Iterator) -> str | None:
+        """None when the parameters after the last step are healthy on the next batch of `batches`, else the problem
+        in words (the last checkpoint is then set aside and DivergenceError names the newest verified one). By
+        default None: they go unjudged, and the last checkpoint unverified until a later run steps from it."""
+        del params, batches
+        return None
 
 
 @dataclasses.dataclass
@@ -68,42 +101,37 @@ class _Start:
     position: int  # the input position the checkpoint holds (before any skip; 0 from scratch)
 
 
-def checkpointer(config, workdir: str) -> checkpoint_lib.Checkpointer:
-    """The run's Checkpointer in WORKDIR/checkpoints, as config.checkpoint sets it."""
-    ckpt = config.checkpoint
+def checkpointer(options, workdir: str) -> checkpoint_lib.Checkpointer:
+    """The run's Checkpointer in WORKDIR/checkpoints, as options.checkpoint sets it."""
+    ckpt = options.checkpoint
     return checkpoint_lib.Checkpointer(fileio.join(workdir, checkpoint_lib.CHECKPOINT_SUBDIR),
                                        every_steps=ckpt.every_steps, max_to_keep=ckpt.max_to_keep,
                                        keep_best=ckpt.keep_best, async_save=ckpt.async_save,
                                        compression=ckpt.compression)
 
 
-def train(job: Job, setup: Setup, config, workdir: str, *, num_steps: int, train_step, batches: Iterator,
-          fresh_state: Callable[[], TrainState], on_start: Callable[[TrainState], None] = lambda state: None,
-          final_problem: Callable | None = None) -> tuple[TrainResult, TrainState, Iterator]:
-    """Runs (or resumes) a job to step `num_steps`; returns (its result, the final state, the training input).
+def train(job: Job, setup: Setup, options, workdir: str) -> tuple[TrainResult, TrainState, Iterator]:
+    """Runs (or resumes) `job` to step `job.num_steps`; returns (its result, the final state, the training input).
 
-    `train_step`: setup's jitted step; `batches`: the training input from its start (the checkpoint's position
-    replaces it on resume); `fresh_state()`: the state of a run with no checkpoint (--config.init or scratch);
-    `on_start(state)`: called with the state the run starts from; `final_problem(params, batches)`: None when the
-    parameters after the last step are healthy on the next batch, else the problem in words (the last checkpoint is
-    then set aside and DivergenceError names the newest verified one). Call under `jax.set_mesh(setup.mesh)`.
-    On SIGTERM it saves a checkpoint at the current step and returns early (TrainResult.preempted_at_step).
+    `options`: the config sections the loop reads (see the module docstring). Call under
+    `jax.set_mesh(setup.mesh)`. On SIGTERM it saves a checkpoint at the current step and returns early
+    (TrainResult.preempted_at_step); a run that reaches its last step ends with `job.final_problem`'s judgement.
     """
-    saver = checkpointer(config, workdir)
+    saver = checkpointer(options, workdir)
     try:
-        start = _start(job, setup, config, saver, batches, fresh_state)
-        on_start(start.state)
-        if int(start.state.step) >= num_steps:
+        start = _start(job, setup, options, saver)
+        job.on_start(start.state)
+        if int(start.state.step) >= job.num_steps:
             logging.warning("the checkpoint is already at step %d of train.num_steps=%d: nothing to train (raise "
-                            "--config.train.num_steps to train on)", int(start.state.step), num_steps)
-        loop = _Loop(job, setup, config, saver, start, workdir, num_steps, train_step)
+                            "--config.train.num_steps to train on)", int(start.state.step), job.num_steps)
+        loop = _Loop(job, setup, options, saver, start, workdir)
         try:
             result = loop.run()
         finally:
             loop.preemption.close()
             loop.writer.close()
-        if final_problem is not None and result.preempted_at_step in (None, num_steps):
-            loop.judge_final(final_problem)
+        if result.preempted_at_step in (None, job.num_steps):
+            loop.judge_final()
     except BaseException:
         with contextlib.suppress(Exception):  # a save in flight completes before the error is raised
             saver.close()
@@ -112,20 +140,34 @@ def train(job: Job, setup: Setup, config, workdir: str, *, num_steps: int, train
     return result, loop.state, loop.batches
 
 
-def _start(job: Job, setup: Setup, config, saver, batches, fresh_state) -> _Start:
+def _restore_latest(saver, setup: Setup, batches, rng):
+    """(step, state, dropout key, divergence.Health) of the newest checkpoint that restores whole, its input
+    position restored into `batches` in place; None when none does. Starting and rewinding both restore this way."""
+    restored = saver.restore_latest(setup.abstract, setup.shardings, NamedSharding(setup.mesh, PartitionSpec()),
+                                    batches, rng_impl=jax.random.key_impl(rng))
+    if restored is None:
+        return None
+    step, state, rng, record = restored
+    return step, state, rng, divergence.Health.from_json(record)
+
+
+def _log_resumed(saver, step: int, batches) -> None:
+    logging.info("resumed from %s at step %d (input position: batch %d)",
+                 fileio.join(saver.directory, str(step)), step, batches.position)
+
+
+def _start(job: Job, setup: Setup, options, saver) -> _Start:
     """The state, RNG and input to start from; see bert_jax/checkpoint.py for the order."""
-    train, ckpt = config.train, config.checkpoint
+    train, ckpt = options.train, options.checkpoint
     step_rng = dropout_key(train.seed, train.dropout_rng, jax.devices()[0].platform)
-    replicated = NamedSharding(setup.mesh, PartitionSpec())
+    batches = job.batches()
     rewind = bool(ckpt.restore_step) and _rewind_on_request(saver, ckpt.restore_step, ckpt.skip_batches)
-    restored = saver.restore_latest(setup.abstract, setup.shardings, replicated, batches,
-                                    rng_impl=jax.random.key_impl(step_rng))
+    restored = _restore_latest(saver, setup, batches, step_rng)
     if restored is None:
         logging.info("no checkpoint in %s: starting %s", saver.directory,
-                     f"from --config.init={config.init}" if config.init else f"from scratch (seed {train.seed})")
-        return _Start(fresh_state(), step_rng, batches, divergence.Health(), 0)
-    step, state, step_rng, record = restored
-    health = divergence.Health.from_json(record)
+                     f"from --config.init={options.init}" if options.init else f"from scratch (seed {train.seed})")
+        return _Start(job.fresh_state(), step_rng, batches, divergence.Health(), 0)
+    step, state, step_rng, health = restored
     if batches.position == 0 and step > 0:
         # The input position was not restored (another process count): a stream the run has not just seen rather
         # than a replay of its first batches.
@@ -137,8 +179,7 @@ def _start(job: Job, setup: Setup, config, saver, batches, fresh_state) -> _Star
                              "be restored (set aside as corrupt, see the warning above); name another step")
         _skip_batches(batches, ckpt.skip_batches, "--config.checkpoint.skip_batches")
         health.rewinds.append({"step": step, "skip_batches": ckpt.skip_batches, "automatic": False})
-    logging.info("resumed from %s at step %d (input position: batch %d)",
-                 fileio.join(saver.directory, str(step)), step, batches.position)
+    _log_resumed(saver, step, batches)
     return _Start(state, step_rng, batches, health, position)
 
 
@@ -218,15 +259,46 @@ class _Window:
         self.metrics, self.timed_steps, self.start = [], 0, time.perf_counter()
 
 
+class _Lineage:
+    """The input positions and judgements the loop keeps for its checkpoints: which checkpoints' parameters the next
+    healthy step verifies, the input position each checkpoint holds, and the position each recent step was fed (for
+    a step that diverges: how far to skip)."""
+
+    def __init__(self, step: int, position: int, saved: bool):
+        self.unjudged = {step} if saved else set()  # the checkpoint started from, if saved, and those saved since
+        self.positions = {step: position}  # checkpoint step -> the input position it holds
+        self.fed: dict[int, int] = {}  # step -> the input position of its batch, for the steps not yet judged
+
+    def feed(self, step: int, position: int) -> None:
+        """Step `step` is fed the batch at input `position`."""
+        self.fed[step] = position
+        self.fed.pop(step - 3, None)  # judged by now: only the steps not yet judged need theirs
+
+    def judged_healthy(self, step: int) -> bool:
+        """Step `step` was healthy: True when that verifies checkpoint step-1, whose parameters it started from."""
+        if step - 1 not in self.unjudged:
+            return False
+        self.unjudged.discard(step - 1)
+        return True
+
+    def saved(self, step: int, position: int) -> None:
+        self.unjudged.add(step)
+        self.positions[step] = position
+
+    def restored(self, step: int, position: int) -> None:
+        """Rewound to checkpoint `step`, which holds input `position`: the checkpoints after it are gone."""
+        self.positions[step] = position
+        self.unjudged = {step}
+
+
 class _Loop:
     """The training loop: one step in flight, each judged by the next step's metrics read (bert_jax.divergence),
     log lines with evaluations, checkpoints saved once their loss is known to be healthy, SIGTERM, rewinds."""
 
-    def __init__(self, job: Job, setup: Setup, config, saver, start: _Start, workdir: str, num_steps: int,
-                 train_step):
-        train = config.train
-        self.job, self.setup, self.config, self.checkpointer, self.workdir = job, setup, config, saver, workdir
-        self.num_steps, self.train_step = num_steps, train_step
+    def __init__(self, job: Job, setup: Setup, options, saver, start: _Start, workdir: str):
+        train = options.train
+        self.job, self.setup, self.options, self.checkpointer, self.workdir = job, setup, options, saver, workdir
+        self.num_steps, self.train_step = job.num_steps, job.train_step
         self.state, self.rng, self.batches = start.state, start.step_rng, start.batches
         self.batch_sharding = setup.batch_sharding
         # Steps after the one resumed from are logged again: their records from an interrupted run go.
@@ -235,11 +307,8 @@ class _Loop:
         self.profiler = _Profiler(workdir, train.profile_start_step, train.profile_steps)
         self.monitor = divergence.Monitor(train.spike_factor, train.spike_window, start.health)
         saver.protect(self.monitor.newest_verified(saver.all_steps()))
-        # Checkpoints whose parameters the next step judges: the one resumed from and those saved by this process.
         step = int(self.state.step)
-        self.unjudged = {step} if step in saver.all_steps() else set()
-        self.positions = {step: start.position}  # checkpoint step -> the input position it holds
-        self.fed: dict[int, int] = {}  # step -> the input position of its batch, for the steps not yet judged
+        self.lineage = _Lineage(step, start.position, saved=step in saver.all_steps())
         self.last_logged: dict[str, float] = {}
 
     def run(self) -> TrainResult:
@@ -250,7 +319,7 @@ class _Loop:
                 self._rewind(diverged)
 
     def _train(self) -> TrainResult:
-        train = self.config.train
+        train = self.options.train
         window, pending = _Window(), None  # pending: (step, device metrics) of the step before the one in flight
         for step in range(int(self.state.step) + 1, self.num_steps + 1):
             metrics = self._step(step)
@@ -285,8 +354,7 @@ class _Loop:
     def _step(self, step: int):
         """Dispatches step `step`; returns its metrics, still on the devices."""
         self.profiler.before_step(step)
-        self.fed[step] = self.batches.position
-        self.fed.pop(step - 3, None)
+        self.lineage.feed(step, self.batches.position)
         batch = sharding_lib.make_global_batch(next(self.batches), self.batch_sharding)
         self.state, metrics = self.train_step(self.state, batch, self.rng)
         self.checkpointer.check()  # a background save that failed stops the run now, not at the next save
@@ -297,8 +365,7 @@ class _Loop:
         """Raises divergence.Diverged if step `step` diverged; else verifies the checkpoint it started from."""
         host = {k: float(v) for k, v in jax.device_get(device_metrics).items()}
         self.monitor.check(step, host)
-        if step - 1 in self.unjudged:
-            self.unjudged.discard(step - 1)
+        if self.lineage.judged_healthy(step):
             self.monitor.verify(step - 1)
             self.checkpointer.protect(step - 1)
         del host["params_finite"]
@@ -320,14 +387,13 @@ class _Loop:
     def _save(self, step: int, scalars: dict[str, float] | None) -> None:
         self.checkpointer.save(step, self.state, self.rng, self.batches, metrics=scalars,
                                health=self.monitor.record(self.checkpointer.all_steps()))  # logs how it saved
-        self.unjudged.add(step)
-        self.positions[step] = self.batches.position
+        self.lineage.saved(step, self.batches.position)
 
-    def judge_final(self, final_problem) -> None:
-        """Raises DivergenceError, the last checkpoint set aside, unless `final_problem` finds the parameters after
-        the last step healthy."""
+    def judge_final(self) -> None:
+        """Raises DivergenceError, the last checkpoint set aside, unless the job's final_problem finds the
+        parameters after the last step healthy."""
         step = int(self.state.step)
-        problem = final_problem(self.state.params, self.batches)
+        problem = self.job.final_problem(self.state.params, self.batches)
         if problem is None:
             return
         self.checkpointer.wait()
@@ -339,15 +405,14 @@ class _Loop:
         # As for a step that diverged: the batch that judged them is the one to get past.
         raise divergence.DivergenceError(_stopped_message(
             f"the parameters after step {step} {problem} on the next training batch; not saved", step + 1,
-            self.batches.position - 1, self.config.checkpoint, self.checkpointer.directory, existing,
-            self.monitor.newest_verified(existing), self.positions, aside))
+            self.batches.position - 1, self.options.checkpoint, self.checkpointer.directory, existing,
+            self.monitor.newest_verified(existing), self.lineage.positions, aside))
 
     def _rewind(self, diverged: divergence.Diverged) -> None:
         """Goes on from the newest verified checkpoint past the input that diverged, or raises DivergenceError."""
         self.state, self.rng, self.monitor = _rewind_after(
-            diverged, self.fed.get(diverged.step), self.setup, self.config.checkpoint, self.checkpointer,
-            self.monitor, self.rng, self.batches, self.positions)
-        self.unjudged = {int(self.state.step)}
+            diverged, self.setup, self.options.checkpoint, self.checkpointer, self.monitor, self.rng, self.batches,
+            self.lineage)
         self.writer.close()  # its records after the step rewound to go
         self.writer = metrics_lib.MetricWriter(self.workdir, resume_step=int(self.state.step))
 
@@ -360,12 +425,13 @@ def _batches_to_skip(diverged_step: int, diverged_position: int | None, step: in
     return diverged_position + 1 - position
 
 
-def _rewind_after(diverged: divergence.Diverged, diverged_position: int | None, setup: Setup, ckpt, saver, monitor,
-                  rng, train_batches, positions: dict[int, int]):
+def _rewind_after(diverged: divergence.Diverged, setup: Setup, ckpt, saver, monitor, rng, train_batches,
+                  lineage: _Lineage):
     """After step S diverged: checkpoint S-1, whose parameters S started from, is set aside as diverged; then,
     while checkpoint.max_rewinds allows, the newest verified checkpoint is restored and
     checkpoint.rewind_skip_batches of input skipped (returns (state, rng, monitor) to go on from, the input advanced
-    in place); otherwise DivergenceError names the checkpoint to resume from."""
+    in place, `lineage` restarted there); otherwise DivergenceError names the checkpoint to resume from."""
+    diverged_position = lineage.fed.get(diverged.step)
     saver.wait()  # a save in flight completes: the checkpoints left stay whole
     existing = saver.all_steps()
     aside = ""
@@ -383,26 +449,24 @@ def _rewind_after(diverged: divergence.Diverged, diverged_position: int | None, 
                         ckpt.rewind_skip_batches, rewinds + 1, ckpt.max_rewinds)
         for newer in (newer for newer in existing if newer > verified):  # never judged: a restart must not use them
             saver.set_aside(newer, "rewound")
-        restored = saver.restore_latest(setup.abstract, setup.shardings, NamedSharding(setup.mesh, PartitionSpec()),
-                                        train_batches, rng_impl=jax.random.key_impl(rng))
+        restored = _restore_latest(saver, setup, train_batches, rng)
         if restored is None:
             raise divergence.DivergenceError(f"no checkpoint in {saver.directory} could be restored to rewind "
                                              "to (see the warnings above): rerun to start again")
-        step, state, rng, record = restored
-        positions[step] = train_batches.position
+        step, state, rng, health = restored
+        lineage.restored(step, train_batches.position)
         # Past the batch that diverged: from the same parameters, with the same dropout, it would diverge again.
-        skip = _batches_to_skip(diverged.step, diverged_position, step, positions[step]) + ckpt.rewind_skip_batches
-        health = divergence.Health.from_json(record)
+        skip = _batches_to_skip(diverged.step, diverged_position, step, train_batches.position)
+        skip += ckpt.rewind_skip_batches
         # The lineage this process knows (which may hold rewinds since that checkpoint was saved), plus this one.
         health.rewinds = [*monitor.health.rewinds, {"step": step, "skip_batches": skip, "automatic": True}]
         health.verified = sorted({*health.verified, *(s for s in monitor.health.verified if s <= step), step})
         _skip_batches(train_batches, skip, "--config.checkpoint.rewind_skip_batches")
-        logging.info("resumed from %s at step %d (input position: batch %d)",
-                     fileio.join(saver.directory, str(step)), step, train_batches.position)
+        _log_resumed(saver, step, train_batches)
         return state, rng, divergence.Monitor(monitor.spike_factor, monitor.spike_window, health)
     raise divergence.DivergenceError(_stopped_message(f"{diverged}; stopped without saving it", diverged.step,
                                                       diverged_position, ckpt, saver.directory, existing, verified,
-                                                      positions, aside))
+                                                      lineage.positions, aside))
 
 
 def _stopped_message(what: str, diverged_step: int, diverged_position: int | None, ckpt, directory, existing,

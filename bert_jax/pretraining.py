@@ -125,42 +125,43 @@ def train_and_evaluate(config, workdir: str) -> TrainResult:
     """
     run = _build(config)
     init_architecture.write_run_model_config(workdir, run.model_config)  # what a later --config.init of this run reads
-    setup, train = run.setup, config.train
     with jax.set_mesh(run.mesh):
-        train_step = setup.pretraining_step(config.optim.grad_accum_steps)
-
-        def fresh_state():
-            params = None
-            if config.init:  # every parameter: nothing is initialised at random (Setup.create_state)
-                params, source = _init_params(config.init, run.model_config, setup.abstract.params,
-                                              setup.shardings.params)
-                logging.info("initialised parameters from %s (--config.init); optimizer and step start afresh",
-                             source)
-            return setup.create_state(jax.random.split(jax.random.key(train.seed))[0], params)
-
-        def log_size(state):
-            num_params = sum(x.size for x in jax.tree.leaves(state.params))
-            logging.info("model: %s, %s parameters", run.model_config, f"{num_params:,}")
-
-        result, _, _ = loop.train(_Pretraining(run), setup, config, workdir, num_steps=train.num_steps,
-                                  train_step=train_step, batches=run.make_iterator(split="train", seed=train.seed),
-                                  fresh_state=fresh_state, on_start=log_size)
+        result, _, _ = loop.train(_Pretraining(run), run.setup, config, workdir)
     return result
 
 
-class _Pretraining:
-    """What pretraining adds to bert_jax.loop: MLM/NSP evaluation on the held-out records, sequences, tokens and MFU
-    per second, its log line, and a new input stream when a checkpoint's position cannot be restored."""
+class _Pretraining(loop.Job):
+    """What pretraining adds to bert_jax.loop: its step and input, a fresh state from --config.init or scratch,
+    MLM/NSP evaluation on the held-out records, sequences, tokens and MFU per second, its log line, and a new input
+    stream when a checkpoint's position cannot be restored."""
 
     def __init__(self, run: _Run):
         config = run.config
         self.run = run
+        self.num_steps = config.train.num_steps
+        self.train_step = run.setup.pretraining_step(config.optim.grad_accum_steps)
         self.eval_step = run.setup.jit_eval_step(make_eval_step(run.model, run.rules))
         self.flops_per_step = metrics_lib.model_flops_per_sequence(
             run.model_config, config.data.max_seq_length, config.data.max_predictions_per_seq
         ) * config.train.batch_size
         self.peak = metrics_lib.peak_flops_per_device(jax.devices()[0], config.train.peak_flops_per_device)
         self.peak *= jax.device_count()
+
+    def batches(self) -> Iterator:
+        return self.run.make_iterator(split="train", seed=self.run.config.train.seed)
+
+    def fresh_state(self):
+        run, config = self.run, self.run.config
+        params = None
+        if config.init:  # every parameter: nothing is initialised at random (Setup.create_state)
+            params, source = _init_params(config.init, run.model_config, run.setup.abstract.params,
+                                          run.setup.shardings.params)
+            logging.info("initialised parameters from %s (--config.init); optimizer and step start afresh", source)
+        return run.setup.create_state(jax.random.split(jax.random.key(config.train.seed))[0], params)
+
+    def on_start(self, state) -> None:
+        num_params = sum(x.size for x in jax.tree.leaves(state.params))
+        logging.info("model: %s, %s parameters", self.run.model_config, f"{num_params:,}")
 
     def eval_due(self, step: int) -> bool:
         train = self.run.config.train

@@ -490,6 +490,14 @@ def restore_params(path: str, abstract_params, params_shardings):
     return restored["train_state"]["params"], str(directory)
 
 
+def save_params(directory: str, params) -> None:
+    """Writes `params` (sharded arrays; every process calls it) as `directory`/state in a checkpoint step's layout, so
+    that restore_params and --config.init read it back onto any mesh. Replaces what was there."""
+    with ocp.Checkpointer(tree_handler()) as saver:
+        saver.save(epath.Path(directory) / STATE_ITEM, args=ocp.args.PyTreeSave({"train_state": {"params": params}}),
+                   force=True)
+
+
 class PreemptionWatcher:
     """Tells the loop when to save and stop: on SIGTERM (what schedulers, `kill` and TPU VM preemption send).
 

@@ -153,8 +153,8 @@ def checkpoint_config(every_steps: int) -> ml_collections.ConfigDict:
 def pretraining_config(size: str = "tiny", data_source: str = "corpus", arch: str = "bert"
                        ) -> ml_collections.ConfigDict:
     """The pretraining job's config for preset `size`, data source ("corpus", "tfrecord" or "synthetic") and
-    architecture (bert_jax.arch.names()): every field with its default, as configs/pretrain.py gives it and the benchmarks
-    build from."""
+    architecture (bert_jax.arch.names()): every field with its default, as configs/pretrain.py gives it and the
+    benchmarks build from."""
     # Imported here: this module stays importable without JAX (the benchmarks' torch processes read the recipes).
     from bert_jax import arch as arch_lib  # pylint: disable=import-outside-toplevel
     if arch not in arch_lib.names():

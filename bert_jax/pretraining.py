@@ -12,7 +12,6 @@ from typing import Callable, Iterator
 
 from absl import logging
 import jax
-import jax.numpy as jnp
 import ml_collections
 
 from bert_jax import arch as arch_lib
@@ -20,37 +19,28 @@ from bert_jax import checkpoint as checkpoint_lib
 from bert_jax import fileio
 from bert_jax import metrics as metrics_lib
 from bert_jax import model as model_lib
+from bert_jax.data import tokenization
+from bert_jax.interop import export
 from bert_jax.interop import init_architecture
 from bert_jax.interop import layout
 from bert_jax.interop import pretrained
 from bert_jax import sharding as sharding_lib
 from bert_jax import loop
 from bert_jax.loop import TrainResult
-from bert_jax.train import Setup, make_eval_step, pretraining_setup
+from bert_jax.steps import make_eval_step
+from bert_jax.train import Setup, pretraining_setup, sum_over_batches
 
 
 def evaluate(eval_step, params, batches: Iterator, batch_sharding, num_batches: int | None) -> dict[str, float]:
     """Held-out metrics over `num_batches` global batches (None: the whole held-out set), with "eval_records", the
     number of records (instances) they cover.
 
-    The metrics are weighted sums over weighted counts (see train.make_eval_step), so padding rows count for
+    The metrics are weighted sums over weighted counts (see steps.make_eval_step), so padding rows count for
     nothing and the result is that of evaluating each record once, on any mesh and number of processes.
     """
-    totals, count = None, 0
-    while num_batches is None or count < num_batches:
-        local = next(batches, None)
-        # Every process must run the same number of sharded steps: go on while any one has data; a process whose
-        # share has run out feeds batches of weight 0 (its shard may hold a batch fewer than another's).
-        if sharding_lib.all_processes_agree(local is None):
-            break
-        if local is None:
-            local = batches.empty_batch()
-        sums = eval_step(params, sharding_lib.make_global_batch(local, batch_sharding))
-        totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
-        count += 1
-    if totals is None:
+    sums, count = sum_over_batches(eval_step, params, batches, batch_sharding, num_batches)
+    if not count:
         raise ValueError("evaluation read no batch: the held-out data (--config.data.eval_input_files) is empty")
-    sums = {k: float(v) for k, v in jax.device_get(totals).items()}
     records = int(round(sums["nsp_count"]))
     logging.info("evaluation: %d held-out records (%d masked tokens) in %d batches", records,
                  int(round(sums["mlm_weight"])), count)
@@ -82,7 +72,6 @@ def _require_prepared_data(config) -> None:
 
 def _build(config) -> _Run:
     from bert_jax.data import sources  # pylint: disable=import-outside-toplevel
-    from bert_jax.data import tokenization  # pylint: disable=import-outside-toplevel
     _require_prepared_data(config)
     setup = pretraining_setup(config)
     mesh = setup.mesh
@@ -100,21 +89,6 @@ def _build(config) -> _Run:
         whole_word_continuation=tokenizer.is_continuation if tokenizer else None,
         process_rows=sharding_lib.process_rows(setup.batch_sharding, config.train.batch_size))
     return _Run(config, model_config, setup, make_iterator)
-
-
-def _init_params(path: str, model_config: model_lib.BertConfig, abstract_params, params_shardings):
-    """Parameters for --config.init: one of our checkpoints, or a HuggingFace / original Google / Flax export
-    (bert_jax.interop.pretrained.load_pretrained: heads missing there are initialised and reported). `model_config` has
-    the checkpoint's architecture (train_and_evaluate resolved it); the vocabulary may be padded."""
-    if checkpoint_lib.is_checkpoint(path):
-        return checkpoint_lib.restore_params(path, abstract_params, params_shardings)
-    _, params, report = pretrained.load_pretrained(path, vocab_size=model_config.vocab_size)
-    for note in report.notes:
-        logging.info("--config.init: %s", note)
-    if report.initialized:
-        logging.warning("--config.init: %s has no %s; initialised afresh", path, ", ".join(report.initialized))
-    params = arch_lib.of(model_config).stack_layers(params, model_config)  # imports are unrolled (layer_0, ...)
-    return jax.device_put(params, params_shardings), path
 
 
 def train_and_evaluate(config, workdir: str) -> TrainResult:
@@ -154,8 +128,8 @@ class _Pretraining(loop.Job):
         run, config = self.run, self.run.config
         params = None
         if config.init:  # every parameter: nothing is initialised at random (Setup.create_state)
-            params, source = _init_params(config.init, run.model_config, run.setup.abstract.params,
-                                          run.setup.shardings.params)
+            params, source = pretrained.init_params(config.init, run.model_config, run.setup.abstract.params,
+                                                    run.setup.shardings.params)
             logging.info("initialised parameters from %s (--config.init); optimizer and step start afresh", source)
         return run.setup.create_state(jax.random.split(jax.random.key(config.train.seed))[0], params)
 
@@ -223,8 +197,6 @@ def export_checkpoint(config, workdir: str, checkpoint: str = "", export_format:
     The tokenizer is the run's (data.vocab_file, or the one the workdir's data step trained), so the export carries
     the vocabulary the model was trained with, and the vocab padding is removed.
     """
-    from bert_jax.interop import export  # pylint: disable=import-outside-toplevel
-    from bert_jax.data import tokenization  # pylint: disable=import-outside-toplevel
     _require_prepared_data(config)  # the tokenizer and the padded vocab size are the data step's
     tokenizer = tokenization.load_tokenizer(config.data.vocab_file) if config.data.vocab_file else None
     checkpoint = checkpoint or fileio.join(workdir, checkpoint_lib.CHECKPOINT_SUBDIR)

@@ -1,21 +1,25 @@
-"""Train state and the pure train/eval steps.
+"""Train state, the jitted steps and the one setup of a run.
 
-`train_step(state, batch, rng) -> (state, metrics)` and `eval_step(params, batch) -> sums` are pure functions;
-`jit_train_step` jits them with explicit in/out shardings over the mesh and donates the state, so parameters and
-optimizer state are created, updated and kept sharded and no device ever holds more than its part. The loop that
+`train_step(state, batch, rng) -> (state, metrics)` and `eval_step(params, batch) -> sums` are pure functions
+(bert_jax.steps); `jit_train_step` jits them with explicit in/out shardings over the mesh and donates the state,
+so parameters and optimizer state are created, updated and kept sharded and no device ever holds more than its
+part. The loop that
 runs them is bert_jax.loop's; `Setup` is the one construction of a run that every job, ahead-of-time compilation
 and the benchmarks build from.
 """
 
 import collections
 import dataclasses
-from typing import Any, Callable
+import math
+from typing import Any, Callable, Iterator
 
+from absl import logging
 import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import ml_collections
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
@@ -23,6 +27,7 @@ from bert_jax import arch as arch_lib
 from bert_jax import optim
 from bert_jax import runtime
 from bert_jax import sharding as sharding_lib
+from bert_jax.steps import make_train_step, model_inputs
 
 
 @flax.struct.dataclass
@@ -45,173 +50,6 @@ def dropout_key(seed: int, choice: str, platform: str) -> jax.Array:
     if name == "threefry":
         return jax.random.split(jax.random.key(seed))[1]
     return jax.random.key(seed, impl=DROPOUT_RNG_IMPLS[name])
-
-
-def pretraining_loss(outputs, batch, mlm_denominator, nsp_denominator):
-    """MLM and NSP losses and accuracies as in the original BERT, over the given normalisers (MLM alone for a model
-    without an NSP head).
-
-    MLM loss = sum(weights * cross-entropy) / (sum(weights) + 1e-5) and NSP loss = mean cross-entropy (over the
-    real instances of packed rows, see `_nsp_terms`). The denominators are passed in so that micro-batches of one
-    batch, normalised by the whole batch, sum to exactly the whole batch's loss (and gradient).
-    """
-    mlm_xent, mlm_correct = _mlm_terms(outputs["mlm_logits"], batch)
-    mlm_loss = jnp.sum(mlm_xent) / mlm_denominator
-    mlm_correct = jnp.sum(mlm_correct)
-    if "nsp_logits" not in outputs:  # a masked-LM-only model (bert_jax.modern)
-        return mlm_loss, {"loss": mlm_loss, "mlm_loss": mlm_loss, "mlm_accuracy": mlm_correct / mlm_denominator}
-    nsp_xent, nsp_correct = _nsp_terms(outputs["nsp_logits"], batch)
-    nsp_loss = jnp.sum(nsp_xent) / nsp_denominator
-    nsp_correct = jnp.sum(nsp_correct)
-    metrics = {"loss": mlm_loss + nsp_loss, "mlm_loss": mlm_loss, "nsp_loss": nsp_loss,
-               "mlm_accuracy": mlm_correct / mlm_denominator, "nsp_accuracy": nsp_correct / nsp_denominator}
-    return mlm_loss + nsp_loss, metrics
-
-
-def cross_entropy(logits, labels):
-    """optax.softmax_cross_entropy_with_integer_labels, with the label's logit picked by a one-hot product rather
-    than a gather: a gather over a vocab sharded over `tensor` crashes XLA's SPMD partitioner in the per-slice
-    shard_map of `across_slices` (Check failed in ExpandDeviceGroupsWithIota, jaxlib 0.10.2), and the product
-    partitions like the logits themselves."""
-    label_logits = jnp.sum(jnp.where(jax.nn.one_hot(labels, logits.shape[-1], dtype=jnp.bool_), logits, 0.0), -1)
-    return jax.nn.logsumexp(logits, axis=-1) - label_logits
-
-
-def _mlm_terms(mlm_logits, batch):
-    """Per-prediction MLM cross-entropy and correctness, weighted by masked_lm_weights (zero for padding slots)."""
-    weights = batch["masked_lm_weights"].astype(jnp.float32)
-    xent = cross_entropy(mlm_logits, batch["masked_lm_ids"])
-    return weights * xent, weights * (jnp.argmax(mlm_logits, -1) == batch["masked_lm_ids"])
-
-
-def _nsp_terms(nsp_logits, batch):
-    """Per-instance NSP cross-entropy and correctness, flat; zero for the empty instance slots of packed rows."""
-    labels = batch["next_sentence_labels"].reshape(-1)
-    nsp_logits = nsp_logits.reshape(labels.shape[0], -1)  # packed rows: [batch, instances, 2] -> one per instance
-    xent = cross_entropy(nsp_logits, labels)
-    correct = jnp.argmax(nsp_logits, -1) == labels
-    if "nsp_weights" in batch:
-        nsp_weights = batch["nsp_weights"].reshape(-1).astype(jnp.float32)
-        return nsp_weights * xent, nsp_weights * correct
-    return xent, correct
-
-
-# The model's keyword arguments, named as in the batch; the last three only in packed batches (bert_jax.data.packing).
-_MODEL_INPUT_NAMES = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "position_ids",
-                      "instance_ids", "nsp_positions")
-
-
-def _model_inputs(batch):
-    return {name: batch[name] for name in _MODEL_INPUT_NAMES if name in batch}
-
-
-def make_grad_fn(model: nn.Module, rules):
-    """`grad_fn(params, batch, dropout_rng, mlm_denominator, nsp_denominator) -> ((loss, metrics), grads)`."""
-    def loss_fn(params, batch, dropout_rng, mlm_denominator, nsp_denominator):
-        with nn.logical_axis_rules(rules):
-            outputs = model.apply({"params": params}, **_model_inputs(batch), deterministic=False,
-                                  sequence_output=False, rngs={"dropout": dropout_rng})
-        return pretraining_loss(outputs, batch, mlm_denominator, nsp_denominator)
-
-    return jax.value_and_grad(loss_fn, has_aux=True)
-
-
-def batch_denominators(batch):
-    """The whole batch's MLM and NSP normalisers (see pretraining_loss): NSP counts instances (packed: real ones)."""
-    nsp_count = (jnp.sum(batch["nsp_weights"].astype(jnp.float32)) if "nsp_weights" in batch
-                 else jnp.asarray(batch["input_ids"].shape[0], jnp.float32))
-    return jnp.sum(batch["masked_lm_weights"].astype(jnp.float32)) + 1e-5, nsp_count
-
-
-def apply_gradients(state: TrainState, grads, tx: optax.GradientTransformation, schedule, metrics):
-    """One optimizer update; adds grad_norm, learning_rate and params_finite (1.0 when every new parameter is
-    finite) to `metrics`. Returns (state, metrics)."""
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    # So that no checkpoint ever holds a NaN: the loss is computed before the update and misses a step whose update
-    # overflowed the parameters. The optimizer's moments need no check of their own: they are finite whenever the
-    # previous state and the gradient norm (checked by the loop) are. Parameters only: +1.2% of the BERT-base CPU
-    # step where parameters and moments together cost +3.6%.
-    finite = jnp.stack([jnp.isfinite(leaf).all() for leaf in jax.tree.leaves(params)
-                        if jnp.issubdtype(leaf.dtype, jnp.inexact)]).all()
-    metrics = dict(metrics, grad_norm=optax.tree.norm(grads), learning_rate=schedule(state.step),
-                   params_finite=finite.astype(jnp.float32))
-    return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
-
-
-def make_train_step(model: nn.Module, tx: optax.GradientTransformation, schedule, rules, mesh,
-                    grad_accum_steps: int = 1):
-    """Returns the pure `train_step(state, batch, rng) -> (state, metrics)`.
-
-    Dropout randomness is `fold_in(rng, step)`, so a step's masks depend only on the run's seed and the step number.
-    With grad_accum_steps = k the batch is split into k strided micro-batches (each keeps every device's share of
-    rows) whose gradients are summed in a scan; the result equals the whole batch's gradient.
-
-    Over several slices (mesh.dcn_data > 1) each slice computes the gradient of its rows of the batch
-    (`across_slices`), and one all-reduce over the slice axis sums them: the only collective that crosses slices.
-    """
-    slices = mesh.shape.get(sharding_lib.SLICE_AXIS, 1)
-    slice_rules = sharding_lib.within_slice_rules(rules) if slices > 1 else rules
-    batch_axes = sharding_lib.batch_spec(mesh, slice_rules)[0]
-    grad_fn = make_grad_fn(model, slice_rules)
-
-    def gradients(params, batch, dropout_rng, mlm_denominator, nsp_denominator):
-        if grad_accum_steps == 1:
-            (_, metrics), grads = grad_fn(params, batch, dropout_rng, mlm_denominator, nsp_denominator)
-            return grads, metrics
-
-        def split(x):
-            x = x.reshape(x.shape[0] // grad_accum_steps, grad_accum_steps, *x.shape[1:]).swapaxes(0, 1)
-            # Across slices this runs in a shard_map, whose mesh (slice axis manual) a bare spec refers to.
-            spec = PartitionSpec(None, batch_axes)
-            return jax.lax.with_sharding_constraint(x, spec if slices > 1 else NamedSharding(mesh, spec))
-
-        def accumulate(carry, micro):
-            index, micro_batch = micro
-            (_, metrics), grads = grad_fn(params, micro_batch, jax.random.fold_in(dropout_rng, index),
-                                          mlm_denominator, nsp_denominator)
-            return jax.tree.map(jnp.add, carry, (grads, metrics)), None
-
-        zeros = jax.tree.map(jnp.zeros_like, params)
-        zero_metrics = dict.fromkeys(("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy"),
-                                     jnp.zeros((), jnp.float32))
-        micro_batches = (jnp.arange(grad_accum_steps), jax.tree.map(split, batch))
-        (grads, metrics), _ = jax.lax.scan(accumulate, (zeros, zero_metrics), micro_batches)
-        return grads, metrics
-
-    if slices > 1:
-        gradients = across_slices(gradients, mesh)
-
-    def train_step(state: TrainState, batch, rng):
-        mlm_denominator, nsp_denominator = batch_denominators(batch)
-        grads, metrics = gradients(state.params, batch, jax.random.fold_in(rng, state.step), mlm_denominator,
-                                   nsp_denominator)
-        return apply_gradients(state, grads, tx, schedule, metrics)
-
-    return train_step
-
-
-def across_slices(gradients, mesh):
-    """`gradients(params, batch, dropout_rng, *denominators) -> (grads, metrics)` run on each slice's rows of the
-    batch, summed over the slices.
-
-    Left to itself, XLA's partitioner may move activations between slices (for the word-embedding scatter-add it
-    gathers the activation gradient over the slice axis); in a shard_map manual over the slice axis alone, each slice
-    works on its own rows (sharded over its data, fsdp and tensor axes as usual), and the explicit psum of the
-    gradients and metrics, exact because the losses are normalised by the whole batch's denominators, is the one
-    transfer between slices. Each slice folds its index into the dropout key, so its masks differ from the others'.
-    """
-    axis = sharding_lib.SLICE_AXIS
-
-    def per_slice(params, batch, dropout_rng, mlm_denominator, nsp_denominator):
-        dropout_rng = jax.random.fold_in(dropout_rng, jax.lax.axis_index(axis))
-        partial = gradients(params, batch, dropout_rng, mlm_denominator, nsp_denominator)
-        return jax.lax.psum(partial, axis)
-
-    # check_vma=False: the parameters' cotangents stay per-slice partial sums (no implicit psum), summed above.
-    return jax.shard_map(per_slice, mesh=mesh, in_specs=(PartitionSpec(), PartitionSpec(axis), PartitionSpec(),
-                                                         PartitionSpec(), PartitionSpec()),
-                         out_specs=PartitionSpec(), axis_names={axis}, check_vma=False)
 
 
 # Programs with oneDNN's dots that their owners let go of, kept a little longer (KeptUntilDone.__del__): the last few.
@@ -276,38 +114,6 @@ def jit_train_step(train_step, state_shardings, mesh, rules):
                      out_shardings=(state_shardings, replicated), donate_argnums=0)
 
 
-def make_eval_step(model: nn.Module, rules):
-    """Returns `eval_step(params, batch) -> sums` (no dropout); sums add up across batches.
-
-    The sums are weighted (masked_lm_weights; nsp_weights where the batch has them, else 1 per row), so rows of
-    weight 0, such as the padding that fills the last held-out batch, add nothing: summed over batches and divided
-    by the summed weights they give each record's metrics exactly once. "nsp_count" counts the weighted records.
-    """
-    def eval_step(params, batch):
-        with nn.logical_axis_rules(rules):
-            outputs = model.apply({"params": params}, **_model_inputs(batch), deterministic=True,
-                                  sequence_output=False)
-        mlm_xent, mlm_correct = _mlm_terms(outputs["mlm_logits"], batch)
-        # 0 * NaN is NaN: whatever an all-padding row computes, it must not reach the sums.
-        real_predictions = batch["masked_lm_weights"] > 0
-        mlm_xent, mlm_correct = (jnp.where(real_predictions, term, 0.0) for term in (mlm_xent, mlm_correct))
-        _, nsp_count = batch_denominators(batch)
-        sums = {
-            "mlm_loss_sum": jnp.sum(mlm_xent),
-            "mlm_correct": jnp.sum(mlm_correct),
-            "mlm_weight": jnp.sum(batch["masked_lm_weights"].astype(jnp.float32)),
-            "nsp_count": nsp_count,  # the records, which a masked-LM-only model counts too
-        }
-        if "nsp_logits" not in outputs:
-            return sums
-        nsp_xent, nsp_correct = _nsp_terms(outputs["nsp_logits"], batch)
-        if "nsp_weights" in batch:
-            real_instances = batch["nsp_weights"].reshape(-1) > 0
-            nsp_xent, nsp_correct = (jnp.where(real_instances, term, 0.0) for term in (nsp_xent, nsp_correct))
-        return dict(sums, nsp_loss_sum=jnp.sum(nsp_xent), nsp_correct=jnp.sum(nsp_correct).astype(jnp.float32))
-    return eval_step
-
-
 def jit_eval_step(eval_step, params_shardings, mesh, rules):
     """`eval_step(params, batch) -> sums` jitted as the pretraining job runs it: the parameters in their shardings,
     the batch in the mesh's batch sharding, the sums replicated."""
@@ -334,7 +140,7 @@ def init_inputs(seq_length: int, max_predictions: int | None = None) -> dict[str
     if max_predictions is None:
         ids = np.zeros((1, seq_length), np.int32)
         return {"input_ids": ids, "input_mask": ids, "segment_ids": ids}
-    return _model_inputs(dummy_batch(1, seq_length, max_predictions))
+    return model_inputs(dummy_batch(1, seq_length, max_predictions))
 
 
 def state_spec(model: nn.Module, tx: optax.GradientTransformation, mesh, rules, inputs: dict):
@@ -439,3 +245,57 @@ def pretraining_setup(config, devices=None, num_steps: int | None = None) -> Set
     return Setup.build(model, tx, schedule, sharding_lib.create_mesh(config.mesh, devices),
                        sharding_lib.logical_rules(config.mesh),
                        init_inputs(config.data.max_seq_length, config.data.max_predictions_per_seq))
+
+
+def finetuning_optimizer(config, num_examples: int):
+    """(tx, schedule, num_steps) of a fine-tuning config over `num_examples` training examples: train.num_steps, or
+    train.num_epochs of them; warmup in proportion to the steps the schedule spans (optim.schedule_steps, or
+    num_steps); a frozen encoder (train.encoder) keeps the pretrained parameters fixed."""
+    train = config.train
+    num_steps = train.num_steps or math.ceil(train.num_epochs * num_examples / train.batch_size)
+    optim_config = ml_collections.ConfigDict(config.optim.to_dict())
+    optim_config.warmup_steps = config.optim.warmup_steps or int(
+        config.optim.warmup_proportion * optim.schedule_span(config.optim, num_steps))
+    frozen = arch_lib.of(config.model).is_pretrained_parameter if config.train.encoder != "tuned" else None
+    tx, schedule = optim.create_optimizer(optim_config, num_steps, frozen=frozen)
+    logging.info("%d training examples, %d steps of %d (%.2f epochs), warmup %d steps", num_examples, num_steps,
+                 train.batch_size, num_steps * train.batch_size / num_examples, optim_config.warmup_steps)
+    return tx, schedule, num_steps
+
+
+def finetuning_setup(config, task, devices=None) -> tuple[Setup, int]:
+    """(the Setup of a fine-tuning config for `task`, its number of steps): the task's model over config.model's
+    architecture (bert_jax.tasks: the task chooses which of the architecture's task models), config.mesh over
+    `devices` (default: all), finetuning_optimizer over the task's training examples, the state for
+    data.max_seq_length. The fine-tuning job builds from it, as pretraining from pretraining_setup."""
+    model = task.model(arch_lib.config_of(config.model), config.train.encoder)
+    tx, schedule, num_steps = finetuning_optimizer(config, len(task.train_labels))
+    return Setup.build(model, tx, schedule, sharding_lib.create_mesh(config.mesh, devices),
+                       sharding_lib.logical_rules(config.mesh), init_inputs(config.data.max_seq_length)), num_steps
+
+
+def inference_setup(model: nn.Module, mesh, rules, seq_length: int) -> Setup:
+    """The Setup of `model` with nothing to train (an identity optimizer): a training run's shapes, shardings and
+    initialisation, for reading and applying parameters (features, and --config.init read on its own)."""
+    return Setup.build(model, optax.identity(), None, mesh, rules, init_inputs(seq_length))
+
+
+def sum_over_batches(step, params, batches: Iterator, batch_sharding, num_batches: int | None = None
+                     ) -> tuple[dict[str, float], int]:
+    """(the sums `step(params, global batch)` returns, added over `batches`' local batches (at most `num_batches`;
+    None: all), as floats; the number of batches), the one held-out loop of both jobs.
+
+    Every process must run the same number of sharded steps: it goes on while any one has data, and a process whose
+    share has run out feeds `batches.empty_batch()`, of weight 0 (its shard may hold a batch fewer than another's).
+    """
+    totals, count = None, 0
+    while num_batches is None or count < num_batches:
+        local = next(batches, None)
+        if sharding_lib.all_processes_agree(local is None):
+            break
+        if local is None:
+            local = batches.empty_batch()
+        sums = step(params, sharding_lib.make_global_batch(local, batch_sharding))
+        totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
+        count += 1
+    return ({} if totals is None else {k: float(v) for k, v in jax.device_get(totals).items()}), count

@@ -15,6 +15,7 @@ from bert_jax import model as model_lib
 from bert_jax import optim
 from bert_jax import pretraining
 from bert_jax import sharding as sharding_lib
+from bert_jax import steps as steps_lib
 from bert_jax import train
 from configs import pretrain
 
@@ -73,7 +74,7 @@ def train_steps(config, devices, steps):
     with jax.set_mesh(mesh):
         state, shardings = train.create_train_state(model, tx, mesh, rules, jax.random.key(0),
                                                     config.data.max_seq_length, config.data.max_predictions_per_seq)
-        step = train.jit_train_step(train.make_train_step(model, tx, schedule, rules, mesh), shardings, mesh, rules)
+        step = train.jit_train_step(steps_lib.make_train_step(model, tx, schedule, rules, mesh), shardings, mesh, rules)
         global_batch = sharding_lib.make_global_batch(batch, sharding_lib.batch_sharding(mesh, rules))
         lowered = step.lower(state, global_batch, jax.random.key(1))
         compiled = lowered.compile()

@@ -13,6 +13,7 @@ from bert_jax import model as model_lib
 from bert_jax import optim
 from bert_jax import pretraining
 from bert_jax import sharding as sharding_lib
+from bert_jax import steps as steps_lib
 from bert_jax import train
 from bert_jax.data import input_pipeline
 from bert_jax import job_config
@@ -57,7 +58,7 @@ def _eval_step(mesh_shape):
     tx, _ = optim.create_optimizer(config.optim, config.train.num_steps)
     with jax.set_mesh(mesh):
         _, shardings, _ = train.abstract_train_state(model, tx, mesh, rules, 32, 5)
-    eval_step = train.jit_eval_step(train.make_eval_step(model, rules), shardings.params, mesh, rules)
+    eval_step = train.jit_eval_step(steps_lib.make_eval_step(model, rules), shardings.params, mesh, rules)
     return mesh, shardings.params, sharding_lib.batch_sharding(mesh, rules), eval_step
 
 

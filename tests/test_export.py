@@ -29,6 +29,7 @@ from bert_jax import model as model_lib
 from bert_jax.interop import pretrained
 from bert_jax.interop import tf_checkpoint
 from bert_jax.data import tokenization
+from bert_jax.data import vocabulary
 from tests import helpers
 
 # Compared with references (transformers, the original tools, closed forms): at XLA's full optimisation, as
@@ -467,7 +468,7 @@ def test_unsupported_fields_and_formats_are_named(hf_dir, tmp_path):
     with pytest.raises(ValueError, match=r"no known checkpoint format; looked for bert_jax_config\.json .*config\.json"
                                          r".*NAME\.index"):
         pretrained.load_pretrained(str(tmp_path / "empty"))
-    spm = tokenization.train_sentencepiece(open(SAMPLE_TEXT, encoding="utf-8").read().split("\n"), vocab_size=300,
+    spm = vocabulary.train_sentencepiece(open(SAMPLE_TEXT, encoding="utf-8").read().split("\n"), vocab_size=300,
                                            output_dir=str(tmp_path / "spm"))
     config = _config(layers=1, hidden=32, heads=2, vocab=384)
     with pytest.raises(ValueError, match=r"the tokenizer is sentencepiece"):

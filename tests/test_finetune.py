@@ -26,12 +26,14 @@ from bert_jax import finetune
 from bert_jax import model as model_lib
 from bert_jax import optim
 from bert_jax.interop import init_architecture
+from bert_jax.interop import layout
 from bert_jax.interop import pretrained as pretrained_lib
 from bert_jax import sharding as sharding_lib
 from bert_jax import tasks
 from bert_jax import train
 from bert_jax.data import finetune_data
 from bert_jax.data import tokenization
+from bert_jax.data import vocabulary
 from bert_jax import job_config
 from configs import finetune as finetune_configs
 from tests import helpers
@@ -68,7 +70,7 @@ def task(tmp_path_factory):
     """train.csv (400 reviews), eval.csv (200 others) and a WordPiece vocab trained on them."""
     directory = tmp_path_factory.mktemp("sentiment")
     train_rows, eval_rows = _reviews(400, seed=0), _reviews(200, seed=1)
-    tokenizer = tokenization.train_wordpiece([text for text, _ in train_rows + eval_rows], vocab_size=200,
+    tokenizer = vocabulary.train_wordpiece([text for text, _ in train_rows + eval_rows], vocab_size=200,
                                              output_dir=str(directory / "vocab"), min_frequency=1)
     return {"train": _write_csv(directory / "train.csv", train_rows),
             "eval": _write_csv(directory / "eval.csv", eval_rows),
@@ -369,7 +371,8 @@ def test_init_from_a_flax_export_takes_its_architecture_and_weights(task, tmp_pa
 
         # What an encoder-only import serves: no pooler (it starts fresh), or a layer short (refused).
         served = {}
-        monkeypatch.setattr(pretrained_lib, "load_pretrained", lambda path: (foreign, served["params"], "import"))
+        monkeypatch.setattr(pretrained_lib, "load_pretrained", lambda path, **options: (
+            foreign, served["params"], layout.ImportReport(source=path, format="bert_jax")))
         served["params"] = {name: value for name, value in weights.items() if name != "pooler"}
         params, _ = finetune.load_params(config, model, finetune.model_source(
             init_architecture.resolve_init_architecture(config)), mesh, rules, jax.random.key(0))
@@ -521,10 +524,10 @@ def test_warmup_is_a_proportion_of_the_steps_the_schedule_spans():
     set (a job run in stages), so every stage warms up and decays alike."""
     config = finetune_configs.get_config("size=tiny")
     config.train.num_epochs, config.train.batch_size, config.optim.warmup_proportion = 2.0, 10, 0.1
-    _, schedule, num_steps = finetune._create_optimizer(config, 250)  # pylint: disable=protected-access
+    _, schedule, num_steps = train.finetuning_optimizer(config, 250)  # pylint: disable=protected-access
     assert num_steps == 50 and float(schedule(5)) == pytest.approx(config.optim.learning_rate)  # warmup 5 of 50
     config.optim.schedule_steps = 200
-    _, schedule, num_steps = finetune._create_optimizer(config, 250)  # pylint: disable=protected-access
+    _, schedule, num_steps = train.finetuning_optimizer(config, 250)  # pylint: disable=protected-access
     assert num_steps == 50 and float(schedule(10)) == pytest.approx(config.optim.learning_rate / 2)  # 10 of 20
     assert float(schedule(20)) == pytest.approx(config.optim.learning_rate)
     assert float(schedule(110)) == pytest.approx(config.optim.learning_rate / 2)  # halfway down, past the stage
@@ -682,7 +685,7 @@ def test_the_readme_finetuning_example_learns_with_the_recipe_defaults(trained_r
     shutil.copytree(os.path.join(trained_run["workdir"], "checkpoints"), run_dir / "checkpoints")
     shutil.copy(os.path.join(trained_run["workdir"], init_architecture.RUN_MODEL_CONFIG), run_dir)
     texts = [text for text, _ in keyword_rows(320, 0)]
-    tokenization.train_wordpiece(texts, vocab_size=200, output_dir=str(tmp_path / "words"), min_frequency=1)
+    vocabulary.train_wordpiece(texts, vocab_size=200, output_dir=str(tmp_path / "words"), min_frequency=1)
     _vocab_of_size(str(tmp_path / "words"), 500, str(run_dir / "data" / "tokenizer"))
 
     def as_here(command):

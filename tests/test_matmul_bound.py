@@ -15,6 +15,7 @@ from bert_jax import metrics as metrics_lib
 from bert_jax import model as model_lib
 from bert_jax import optim
 from bert_jax import sharding as sharding_lib
+from bert_jax import steps as steps_lib
 from bert_jax import train
 
 
@@ -149,7 +150,7 @@ def _train_step_matmuls(**model_overrides):
     with jax.set_mesh(mesh):
         # The state's shapes only: the matmuls are read from the step's trace, so no init program is compiled.
         state, shardings, _ = train.abstract_train_state(model, tx, mesh, rules, 32, 5)
-        step = train.jit_train_step(train.make_train_step(model, tx, schedule, rules, mesh), shardings, mesh, rules)
+        step = train.jit_train_step(steps_lib.make_train_step(model, tx, schedule, rules, mesh), shardings, mesh, rules)
         device_batch = sharding_lib.make_global_batch(batch, sharding_lib.batch_sharding(mesh, rules))
         counts, notes = matmul_bound.collect_matmuls(step, state, device_batch, jax.random.key(1))
     assert notes == []

@@ -366,13 +366,14 @@ def _one_finetuning_step_equals_torch(model, params, batch, theirs, their_loss, 
     Returns the step's metrics, its gradient (read back from AdamW's first moment) and `forward(params, batch)` of
     the parameters before the step, computed in the step's program (one compile at full optimisation, not two)."""
     import torch  # pylint: disable=import-outside-toplevel
-    from bert_jax import finetune, optim, train  # pylint: disable=import-outside-toplevel
+    from bert_jax import optim, train  # pylint: disable=import-outside-toplevel
+    from bert_jax import steps as steps_lib  # pylint: disable=import-outside-toplevel
     from configs import finetune as finetune_recipe  # pylint: disable=import-outside-toplevel
     optim_config = finetune_recipe.get_config().optim
     optim_config.learning_rate, optim_config.warmup_steps = learning_rate, 0
     tx, schedule = optim.create_optimizer(optim_config, 10)
     state = train.TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
-    train_step = finetune.make_train_step(model, tx, schedule, ())
+    train_step = steps_lib.make_classification_train_step(model, tx, schedule, ())
     step = jax.jit(lambda state, batch, rng: (*train_step(state, batch, rng),
                                               forward(state.params, batch) if forward else None))
     state, metrics, forwarded = step(state, batch, jax.random.key(0))
@@ -415,8 +416,8 @@ def test_question_answering_logits_loss_and_one_training_step_equal_transformers
     model = model_lib.BertForQuestionAnswering(config)
     batch = {"input_ids": ids, "input_mask": mask, "segment_ids": segments, "label_ids": positions,
              "weights": np.ones(3, np.float32)}
-    from bert_jax import finetune  # pylint: disable=import-outside-toplevel
-    eval_step = finetune.make_eval_step(model, ())
+    from bert_jax import steps as steps_lib  # pylint: disable=import-outside-toplevel
+    eval_step = steps_lib.make_classification_eval_step(model, ())
 
     def their_loss():
         return theirs(input_ids=torch.tensor(ids, dtype=torch.long), attention_mask=torch.tensor(mask),

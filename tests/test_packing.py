@@ -13,7 +13,7 @@ from bert_jax import model as model_lib
 from bert_jax.data import packing
 from bert_jax import job_config
 from bert_jax import sharding as sharding_lib
-from bert_jax import train
+from bert_jax import steps as steps_lib
 from configs import pretrain
 from tests import helpers
 
@@ -133,7 +133,7 @@ def tiny_model():
     config.model.intermediate_size = 64
     model = model_lib.BertForPreTraining(model_lib.BertConfig.from_config(config.model))
     unpacked = _short_instances()
-    init = jax.jit(lambda rng: nn.meta.unbox(model.init(rng, **train._model_inputs(unpacked)))["params"])
+    init = jax.jit(lambda rng: nn.meta.unbox(model.init(rng, **steps_lib.model_inputs(unpacked)))["params"])
     packed = _pack(unpacked)
     return config, model, init(jax.random.key(7)), unpacked, packed
 
@@ -157,8 +157,8 @@ def test_packed_rows_give_each_instance_its_unpacked_losses(tiny_model):
     # each batch shape on its own.
     @jax.jit
     def apply(batch):
-        outputs = model.apply({"params": params}, **train._model_inputs(batch))
-        return outputs, train._nsp_terms(outputs["nsp_logits"], batch)[0]
+        outputs = model.apply({"params": params}, **steps_lib.model_inputs(batch))
+        return outputs, steps_lib._nsp_terms(outputs["nsp_logits"], batch)[0]
 
     (alone, nsp_alone), (together, nsp_together) = apply(unpacked), apply(packed)
     assert together["nsp_logits"].shape == (len(packed["input_ids"]), INSTANCES, 2)
@@ -192,10 +192,10 @@ def test_packed_rows_give_each_instance_its_unpacked_losses(tiny_model):
 def test_packed_loss_gradient_and_eval_sums_equal_unpacked(tiny_model):
     config, model, params, unpacked, packed = tiny_model
     rules = sharding_lib.logical_rules(config.mesh)
-    grad_fn = jax.jit(train.make_grad_fn(model, rules))
+    grad_fn = jax.jit(steps_lib.make_grad_fn(model, rules))
     (loss_alone, metrics_alone), grads_alone = grad_fn(params, unpacked, jax.random.key(0),
-                                                       *train.batch_denominators(unpacked))
-    denominators = train.batch_denominators(packed)
+                                                       *steps_lib.batch_denominators(unpacked))
+    denominators = steps_lib.batch_denominators(packed)
     assert float(denominators[1]) == 24.0  # NSP averages over the real instances, not rows or slots
     (loss, metrics), grads = grad_fn(params, packed, jax.random.key(0), *denominators)
     assert float(loss) == pytest.approx(float(loss_alone), rel=1e-5)
@@ -217,7 +217,7 @@ def test_packed_loss_gradient_and_eval_sums_equal_unpacked(tiny_model):
     for a, b in zip(jax.tree.leaves(summed), jax.tree.leaves(grads)):
         np.testing.assert_allclose(a, b, atol=1e-6 * scale, rtol=0)
 
-    eval_step = jax.jit(train.make_eval_step(model, rules))
+    eval_step = jax.jit(steps_lib.make_eval_step(model, rules))
     sums_alone, sums = eval_step(params, unpacked), eval_step(params, packed)
     assert float(sums["nsp_count"]) == 24.0 and float(sums["mlm_weight"]) == float(sums_alone["mlm_weight"])
     for name in sums:

@@ -15,6 +15,7 @@ from bert_jax.data import input_pipeline
 from bert_jax import model as model_lib
 from bert_jax import optim
 from bert_jax import sharding as sharding_lib
+from bert_jax import steps as steps_lib
 from bert_jax import train
 from tests import helpers
 
@@ -60,10 +61,10 @@ def _loss_and_grads(mesh_shape, batch, rng, batch_axes=None, scan_layers=False):
         state, shardings = train.create_train_state(model, tx, mesh, rules, jax.random.key(0), SEQ, PREDS)
         batch_sharding = sharding_lib.batch_sharding(mesh, rules)
         replicated = NamedSharding(mesh, PartitionSpec())
-        grad_fn = train.make_grad_fn(model, rules)
+        grad_fn = steps_lib.make_grad_fn(model, rules)
 
         def loss_and_grads(params, batch, rng):
-            (loss, _), grads = grad_fn(params, batch, rng, *train.batch_denominators(batch))
+            (loss, _), grads = grad_fn(params, batch, rng, *steps_lib.batch_denominators(batch))
             return loss, grads
 
         fn = jax.jit(loss_and_grads, in_shardings=(shardings.params, batch_sharding, replicated),
@@ -94,7 +95,7 @@ def _train(mesh_shape, batches, dropout=True, grad_accum_steps=1, initial_state=
             state = jax.device_put(initial_state, shardings)
         initial_state = jax.device_get(state)
         initial_params = initial_state.params
-        step = train.jit_train_step(train.make_train_step(model, tx, schedule, rules, mesh, grad_accum_steps),
+        step = train.jit_train_step(steps_lib.make_train_step(model, tx, schedule, rules, mesh, grad_accum_steps),
                                     shardings, mesh, rules)
         batch_sharding = sharding_lib.batch_sharding(mesh, rules)
         losses = []

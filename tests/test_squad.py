@@ -10,6 +10,7 @@ import pytest
 
 from bert_jax.data import squad
 from bert_jax.data import tokenization
+from bert_jax.data import vocabulary
 from tests import helpers
 
 QA_TASK = os.path.join(helpers.ROOT, "tests", "fixtures", "qa_task")
@@ -311,7 +312,7 @@ def test_piece_spans_map_lower_cased_accent_stripped_pieces_back_to_the_original
 def test_sentencepiece_answers_come_back_exactly(tmp_path):
     with open(os.path.join(QA_TASK, "train.json"), encoding="utf-8") as f:
         texts = [p["context"] for p in json.load(f)["data"][0]["paragraphs"]]
-    sentencepiece = tokenization.train_sentencepiece(texts, vocab_size=80, output_dir=str(tmp_path / "spm"))
+    sentencepiece = vocabulary.train_sentencepiece(texts, vocab_size=80, output_dir=str(tmp_path / "spm"))
     examples = squad.read_squad(os.path.join(QA_TASK, "dev.json"))
     windows = squad.encode(sentencepiece, examples, max_seq_length=256, doc_stride=64, max_query_length=32)
     assert (windows.start_positions > 0).all()

@@ -13,6 +13,7 @@ import pytest
 from pydoc_data.topics import topics
 
 from bert_jax.data import tokenization
+from bert_jax.data import vocabulary
 from bert_jax.data.tokenization import SPECIAL_TOKENS, load_tokenizer, padded_vocab_size
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "google_bert")
@@ -205,11 +206,11 @@ def test_padded_vocab_size():
 
 
 TRAINERS = {
-    "wordpiece": lambda output_dir, **kw: tokenization.train_wordpiece(CORPUS, vocab_size=1000,
+    "wordpiece": lambda output_dir, **kw: vocabulary.train_wordpiece(CORPUS, vocab_size=1000,
                                                                        output_dir=output_dir, **kw),
-    "unigram": lambda output_dir, **kw: tokenization.train_sentencepiece(CORPUS, vocab_size=1000,
+    "unigram": lambda output_dir, **kw: vocabulary.train_sentencepiece(CORPUS, vocab_size=1000,
                                                                          output_dir=output_dir, **kw),
-    "bpe": lambda output_dir, **kw: tokenization.train_sentencepiece(CORPUS, vocab_size=1000, output_dir=output_dir,
+    "bpe": lambda output_dir, **kw: vocabulary.train_sentencepiece(CORPUS, vocab_size=1000, output_dir=output_dir,
                                                                      model_type="bpe", **kw),
 }
 

@@ -11,6 +11,7 @@ from bert_jax import model as model_lib
 from bert_jax import optim
 from bert_jax import runtime
 from bert_jax import sharding as sharding_lib
+from bert_jax import steps as steps_lib
 from bert_jax import train
 from bert_jax.data import input_pipeline
 from tests import helpers
@@ -33,7 +34,7 @@ def _trainer(config, devices=1, state=None):
                                                          config.data.max_predictions_per_seq)
         batch_sharding = sharding_lib.batch_sharding(mesh, rules)
         replicated = NamedSharding(mesh, PartitionSpec())
-        step = jax.jit(train.make_train_step(model, tx, schedule, rules, mesh, config.optim.grad_accum_steps),
+        step = jax.jit(steps_lib.make_train_step(model, tx, schedule, rules, mesh, config.optim.grad_accum_steps),
                        in_shardings=(shardings, batch_sharding, replicated), out_shardings=(shardings, replicated))
 
     def run(state, batch):
@@ -100,7 +101,7 @@ def test_mlm_accuracy_counts_the_weighted_predictions_equal_to_the_label():
         predicted = outputs["mlm_logits"].argmax(-1)
         labels = batch["masked_lm_ids"]
         batch = {**batch, "masked_lm_ids": jnp.where(jnp.arange(labels.shape[1]) % 2 == 0, predicted, labels)}
-        return predicted, batch["masked_lm_ids"], train.pretraining_loss(outputs, batch, 1.0, 1.0)[1]
+        return predicted, batch["masked_lm_ids"], steps_lib.pretraining_loss(outputs, batch, 1.0, 1.0)[1]
 
     predicted, labels, metrics = jax.device_get(predictions_and_metrics(jax.random.key(0), batch))
     batch = {**batch, "masked_lm_ids": labels}

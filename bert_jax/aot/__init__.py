@@ -3,7 +3,7 @@
 `python -m bert_jax.aot --config=configs/pretrain.py:size=large --topology=v5p:4x4x4,v5e:16x16` (add
 `--config.mesh.data=1 --config.mesh.fsdp=-1` for FSDP, or any other --config override) needs only the `aot`
 extra (`pip install -e '.[aot]'`: libtpu, whose compiler XLA runs here without a TPU). The step is
-`bert_jax.train.make_train_step` with the config's model, optimizer, mesh, logical rules and batch, jitted with
+`bert_jax.steps.make_train_step` with the config's model, optimizer, mesh, logical rules and batch, jitted with
 the same shardings and donation as the training loop and compiled for the topology's devices. The table gives,
 per chip, the memory XLA assigned (state and batch arguments, outputs, temporaries, code) against the chip's HBM,
 and the compiled step's FLOPs next to the model's matmul FLOPs: whether a run fits, and how the compiled work

@@ -27,6 +27,9 @@ class Architecture:
     # The flattened names ("a/b/c") of the parameters with one row per vocabulary entry: the word embeddings and the
     # MLM bias. Vocabulary padding adds rows to both; exports drop them.
     vocab_rows: ClassVar[tuple[str, str]] = ()
+    # Pretrained parameters a task model may start fresh when a checkpoint lacks them (BERT's pooler, which a token
+    # classifier's or question answerer's checkpoint has not).
+    optional_pretrained_parameters: ClassVar[tuple[str, ...]] = ()
     has_nsp: ClassVar[bool] = False  # a next-sentence head: pretraining batches' NSP labels are scored
     token_encoders: ClassVar[tuple[str, ...]] = ("tuned",)  # train.encoder values its token classifier takes
     export_formats: ClassVar[tuple[str, ...]] = ("hf",)  # --export_format values of its pretraining checkpoints

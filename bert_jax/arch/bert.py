@@ -19,6 +19,7 @@ class Bert(Architecture):
     checkpoint_fields = ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size", "hidden_act",
                          "max_position_embeddings", "type_vocab_size", "layer_norm_eps")
     vocab_rows = layout.VOCAB_ROWS
+    optional_pretrained_parameters = ("pooler",)
     has_nsp = True
     token_encoders = model_lib.TOKEN_ENCODERS
     export_formats = ("hf", "flax")

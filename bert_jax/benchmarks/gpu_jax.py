@@ -239,9 +239,9 @@ class _JaxSide:
                   taken=_attention_taken(attention, config, batch_size, seq_length, True))
 
     def finetuning(self, preset: str, seq_length: int) -> None:
-        from bert_jax import finetune as finetune_lib  # pylint: disable=import-outside-toplevel
         from bert_jax import optim  # pylint: disable=import-outside-toplevel
         from bert_jax import sharding as sharding_lib  # pylint: disable=import-outside-toplevel
+        from bert_jax import steps  # pylint: disable=import-outside-toplevel
         from bert_jax import tasks  # pylint: disable=import-outside-toplevel
         from bert_jax import train  # pylint: disable=import-outside-toplevel
 
@@ -259,7 +259,7 @@ class _JaxSide:
                 rules = sharding_lib.logical_rules(base.mesh)
                 setup = train.Setup.build(model, tx, schedule, mesh, rules, train.init_inputs(seq_length))
                 batch = batches.finetune_batch(task, batch_size, seq_length, config.vocab_size, 2)
-                result = self._timed_step(setup, setup.jit_train_step(finetune_lib.make_train_step(
+                result = self._timed_step(setup, setup.jit_train_step(steps.make_classification_train_step(
                     model, tx, schedule, rules)), batch)
                 result["real_tokens"] = int(batch["input_mask"].sum())
             except Exception as error:  # pylint: disable=broad-except

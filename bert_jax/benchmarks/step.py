@@ -455,8 +455,8 @@ def _print_torch_tables(print_fn, results, dtype_name: str) -> None:
              f"torch {first['torch_version']}, transformers "
              f"{first['transformers_version']}, attention {first['torch_attention']}, "
              f"threads {first['torch_threads']}, {'bf16 autocast' if dtype_name == 'bfloat16' else 'fp32'}, "
-             f"dropout on, same batch; step = forward + {'MLM/NSP' if architecture.has_nsp else 'MLM'} loss + backward + clip + "
-             "AdamW")
+             f"dropout on, same batch; step = forward + {'MLM/NSP' if architecture.has_nsp else 'MLM'} loss + "
+             "backward + clip + AdamW")
     print_fn("stock: MLM logits at all positions, loss on masked ones; gathered: head on masked positions only; "
              "x = torch time / jax time; losses: first step, fresh initialisation")
     print_fn(_row(TORCH_COLUMNS, _widths(TORCH_COLUMNS)))

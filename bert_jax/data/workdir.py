@@ -23,6 +23,7 @@ from bert_jax import fileio
 from bert_jax.data import corpus
 from bert_jax.data import create
 from bert_jax.data import tokenization
+from bert_jax.data import vocabulary
 
 READY_FILE = "READY.json"
 TOKENIZER_KINDS = ("wordpiece", "sentencepiece_unigram", "sentencepiece_bpe")
@@ -58,11 +59,11 @@ def _make_tokenizer(data_config, output_dir: str) -> tokenization.Tokenizer:
     if data_config.vocab_file:
         tokenizer = tokenization.load_tokenizer(data_config.vocab_file, do_lower_case=data_config.do_lower_case)
     elif data_config.tokenizer == "wordpiece":
-        tokenizer = tokenization.train_wordpiece(_training_sentences(data_config),
+        tokenizer = vocabulary.train_wordpiece(_training_sentences(data_config),
                                                  vocab_size=data_config.tokenizer_vocab_size, output_dir=output_dir,
                                                  do_lower_case=data_config.do_lower_case)
     elif data_config.tokenizer in ("sentencepiece_unigram", "sentencepiece_bpe"):
-        tokenizer = tokenization.train_sentencepiece(
+        tokenizer = vocabulary.train_sentencepiece(
             _training_sentences(data_config), vocab_size=data_config.tokenizer_vocab_size, output_dir=output_dir,
             model_type=data_config.tokenizer.split("_")[1], do_lower_case=data_config.do_lower_case)
     else:

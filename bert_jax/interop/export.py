@@ -10,6 +10,7 @@ process (sharded arrays are gathered), process 0 writes. Reading any format back
 import flax.linen as nn
 import jax
 
+from bert_jax import checkpoint as checkpoint_lib
 from bert_jax import model as model_lib
 from bert_jax.interop import flax_files
 from bert_jax.interop import huggingface
@@ -19,7 +20,6 @@ from bert_jax.interop import layout
 def restore_model_params(checkpoint: str, model: nn.Module, *inputs) -> dict:
     """`model`'s parameters from one of our Orbax checkpoints (a step, checkpoints or fine-tuned directory), on this
     host's first device, for exporting from a single process. `inputs`: any inputs `model.init` accepts."""
-    from bert_jax import checkpoint as checkpoint_lib  # pylint: disable=import-outside-toplevel
     abstract = nn.meta.unbox(jax.eval_shape(lambda: model.init(jax.random.key(0), *inputs)))["params"]
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     params, _ = checkpoint_lib.restore_params(checkpoint, abstract, jax.tree.map(lambda _: device, abstract))

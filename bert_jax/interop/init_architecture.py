@@ -14,6 +14,7 @@ from absl import logging
 import jax
 
 from bert_jax import arch as arch_lib
+from bert_jax import checkpoint as checkpoint_lib
 from bert_jax import fileio
 from bert_jax import model as model_lib
 from bert_jax import presets
@@ -58,7 +59,6 @@ def write_run_model_config(directory: str, model_config: model_lib.BertConfig) -
 def _checkpoint_shapes(step_directory) -> tuple[str, dict]:
     """(arch, the architecture fields the parameter shapes of one of our checkpoints determine), read from its
     metadata: the first architecture that recognises the parameter tree."""
-    from bert_jax import checkpoint as checkpoint_lib  # pylint: disable=import-outside-toplevel
     params = checkpoint_lib.state_metadata(str(step_directory))["train_state"]["params"]
     for name in arch_lib.names():
         shapes = arch_lib.get(name).checkpoint_shapes(params)
@@ -70,7 +70,6 @@ def _checkpoint_shapes(step_directory) -> tuple[str, dict]:
 
 def _run_architecture(path: str) -> InitArchitecture:
     """A bert_jax checkpoint (step, checkpoints or fine-tuned directory): its shapes, and its run's model config."""
-    from bert_jax import checkpoint as checkpoint_lib  # pylint: disable=import-outside-toplevel
     step = checkpoint_lib.step_directory(path)
     # WORKDIR/checkpoints/STEP belongs to WORKDIR; a fine-tuned directory holds its own files.
     home = step.parent.parent if step.name.isdigit() else step
@@ -108,7 +107,6 @@ def recorded_config(path: str):
 def read_architecture(path: str) -> InitArchitecture:
     """The architecture of a --config.init checkpoint, from its config file (no weights are read): a HuggingFace
     config.json, an original bert_config.json, an export_flax bert_jax_config.json, or a bert_jax run."""
-    from bert_jax import checkpoint as checkpoint_lib  # pylint: disable=import-outside-toplevel
     path = os.fspath(path)
     if checkpoint_lib.is_checkpoint(path):
         return _run_architecture(path)
@@ -148,10 +146,11 @@ def resolve_init_architecture(config, command_line=()):
     """`config` (a copy) with config.model's architecture taken from the checkpoint config.init names.
 
     Every field of the checkpoint's architecture's checkpoint_fields (bert_jax.arch; fine-tuning from another
-    architecture's checkpoint than the recipe's then builds that one, _switch_architecture) the checkpoint states is copied into config.model, except fields set
-    explicitly, which must agree with it (one ValueError names every one that does not). Explicit: named in
-    `command_line` (config paths such as "model.hidden_size": the driver passes its --config.* overrides), or
-    different from the recipe preset's value (config.model_preset), so the rule holds for configs built in Python.
+    architecture's checkpoint than the recipe's then builds that one, _switch_architecture) the checkpoint states
+    is copied into config.model, except fields set explicitly, which must agree with it (one ValueError names every
+    one that does not). Explicit: named in `command_line` (config paths such as "model.hidden_size": the driver
+    passes its --config.* overrides), or different from the recipe preset's value (config.model_preset), so the
+    rule holds for configs built in Python.
     The vocabulary: a pretraining run from an imported checkpoint pads its rows to a multiple of 128 (an explicit
     model.vocab_size may be any size at least the checkpoint's rows); our own checkpoints and fine-tuning keep the
     checkpoint's rows. An empty data.vocab_file becomes the checkpoint's tokenizer when one is known, and a set one

@@ -11,15 +11,21 @@ The result is (BertConfig, params, ImportReport), params the inner parameter tre
 Heads an encoder-only checkpoint lacks are initialised and reported. Vocabulary padding: `load_pretrained(...,
 vocab_size=N)` adds rows (layout.resize_vocab). Exports: huggingface.export_hf, flax_files.export_flax, and
 bert_jax.interop.export for a checkpoint. Paths are local files.
-bert_jax.interop.init_architecture reads the same files for --config.init's architecture.
+bert_jax.interop.init_architecture reads the same files for --config.init's architecture. `init_params` is the one
+--config.init loader of both jobs: a bert_jax checkpoint or any format above, the parameters a model takes from it
+born sharded.
 """
 
 import dataclasses
 import os
 
+from absl import logging
 from flax import traverse_util
+import jax
+import numpy as np
 
 from bert_jax import arch as arch_lib
+from bert_jax import checkpoint as checkpoint_lib
 from bert_jax import fileio
 from bert_jax.data import tokenization
 from bert_jax.interop import flax_files
@@ -82,3 +88,77 @@ def load_pretrained(path: str, *, vocab_size: int | None = None, seed: int = 0, 
                                                       arch_lib.of(config).vocab_rows))
         config = dataclasses.replace(config, vocab_size=vocab_size)
     return config, params, report
+
+
+def init_params(path: str, model_config, abstract, shardings, select=None) -> tuple[dict, str]:
+    """(parameters, where they were read) for --config.init=`path`, placed as `shardings` (each process reads
+    only its own slices of a foreign checkpoint): the top-level names of `abstract` (the model's parameter shapes)
+    that `select(name)` keeps (None: all of them; fine-tuning passes its architecture's is_pretrained_parameter).
+
+    A bert_jax checkpoint is checked against `abstract` before anything is read (the first parameter it lacks or
+    holds in another shape is named). Any other format is read by load_pretrained with `model_config`'s vocabulary
+    rows (padded where the model's are more), its notes logged, in the model's layout (scanned layers stacked).
+    A selected parameter that the architecture lets start fresh (optional_pretrained_parameters) and the checkpoint
+    lacks is left out, with a warning.
+    """
+    architecture = arch_lib.of(model_config)
+    names = [name for name in abstract if select is None or select(name)]
+    optional = architecture.optional_pretrained_parameters if select is not None else ()
+    if checkpoint_lib.is_checkpoint(path):
+        names = _check_checkpoint_fits(path, {name: abstract[name] for name in names}, optional)
+        return checkpoint_lib.restore_params(path, {name: abstract[name] for name in names},
+                                             {name: shardings[name] for name in names})
+    _, params, report = load_pretrained(path, vocab_size=model_config.vocab_size)
+    for note in report.notes:
+        logging.info("--config.init: %s", note)
+    if report.initialized:
+        logging.warning("--config.init: %s has no %s; initialised afresh", path, ", ".join(report.initialized))
+    params = architecture.stack_layers(params, model_config)  # imports are unrolled (layer_0, layer_1, ...)
+    return _place_host_params(params, abstract, shardings, names, path, optional), path
+
+
+def _check_checkpoint_fits(path: str, abstract, optional) -> list[str]:
+    """Names the first parameter the bert_jax checkpoint lacks or holds in another shape, before reading any.
+    Returns the top-level names to read: all of `abstract`'s, less those of `optional` the checkpoint does not
+    have, which then start fresh."""
+    directory = checkpoint_lib.step_directory(path)  # a checkpoints directory: its latest complete step
+    saved = checkpoint_lib.state_metadata(str(directory))["train_state"]["params"]
+    for name in [name for name in optional if name in abstract and name not in saved]:
+        logging.warning("--config.init=%s has no %s: it starts fresh", path, name)
+        abstract = {key: value for key, value in abstract.items() if key != name}
+    fix = "Fix: set --config.model.* to the architecture the checkpoint was trained with"
+    for key_path, leaf in jax.tree_util.tree_leaves_with_path(abstract):
+        name = ".".join(str(key.key) for key in key_path)
+        node = saved
+        for key in key_path:
+            node = node.get(key.key) if hasattr(node, "get") else None
+            if node is None:
+                raise ValueError(f"--config.init={path!r}: {directory} has no parameter {name}. {fix}")
+        if tuple(node.shape) != tuple(leaf.shape):
+            raise ValueError(f"--config.init={path!r}: {name} has shape {tuple(node.shape)} in {directory} but "
+                             f"{tuple(leaf.shape)} in this model. {fix}")
+    return list(abstract)
+
+
+def _place_host_params(host_params, abstract, shardings, names, path, optional):
+    """Host arrays of a foreign checkpoint -> sharded arrays (each process reads only its own slices)."""
+    host_params = host_params.get("params", host_params)
+    missing = [name for name in names if name not in host_params]
+    if [name for name in missing if name not in optional]:
+        raise ValueError(f"--config.init={path!r}: the converted checkpoint lacks {missing}; it has "
+                         f"{sorted(host_params)}")
+    for name in missing:
+        logging.warning("--config.init=%s has no %s: it starts fresh", path, name)
+    placed = {}
+    for name in (n for n in names if n in host_params):
+        def put(key_path, target, sharding, tree=host_params[name]):
+            value = tree
+            for key in key_path:
+                value = value[key.key]
+            value = np.asarray(value, np.float32)
+            if value.shape != target.shape:
+                raise ValueError(f"--config.init={path!r}: {name}{jax.tree_util.keystr(key_path)} has shape "
+                                 f"{value.shape}, the model wants {target.shape}")
+            return jax.make_array_from_callback(target.shape, sharding, lambda index: value[index])
+        placed[name] = jax.tree_util.tree_map_with_path(put, abstract[name], shardings[name])
+    return placed

@@ -35,6 +35,7 @@ class Examples:
     labels: list[str] | None
     source: str
     class_names: list[str] | None = None  # the source's own class order (a TFDS ClassLabel), if it has one
+    ids: list[str] | None = None  # a test split's index column, which the GLUE server's submission files key on
 
 
 def _format(path: str, configured: str) -> str:

@@ -23,6 +23,8 @@ INSTALL_REQUIRES = [
     "numpy>=2.0,<3",
     "safetensors>=0.4,<1",  # export to / import from HuggingFace and our own Flax export
     "seqeval>=1.2.2,<1.3",  # entity-level precision / recall / F1 of token classification (CoNLL's definition)
+    "scikit-learn>=1.9,<2",  # GLUE's classification metrics (Matthews correlation, F1, accuracy): tasks/glue_metrics
+    "scipy>=1.17,<2",  # GLUE's STS-B Pearson and Spearman correlations: tasks/glue_metrics
 ]
 
 EXTRAS_REQUIRE = {

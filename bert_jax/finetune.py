@@ -130,8 +130,8 @@ class _FineTuning(loop.Job):
         self.config, self.task, self.setup, self.num_steps, self.source = config, task, setup, num_steps, source
         self.rows = sharding_lib.process_rows(setup.batch_sharding, config.train.batch_size)
         self.train_step = setup.jit_train_step(make_classification_train_step(setup.model, setup.tx, setup.schedule,
-                                                                              setup.rules))
-        self.eval_step = setup.jit_eval_step(make_classification_eval_step(setup.model, setup.rules))
+                                                                              setup.rules, task.loss))
+        self.eval_step = setup.jit_eval_step(make_classification_eval_step(setup.model, setup.rules, task.loss))
         make_step = make_logits_step if task.eval_output == "logits" else make_predict_step
         self.predict_step = setup.jit_eval_step(make_step(setup.model, setup.rules))
         self.predicted = None  # the last evaluation's tags (per held-out sentence and word) or answers (qa)
@@ -153,7 +153,9 @@ class _FineTuning(loop.Job):
         task, batch_size, sharding = self.task, self.config.train.batch_size, self.setup.batch_sharding
         sums, _ = sum_over_batches(self.eval_step, params, _held_out(task.eval_encoded, task.eval_labels, batch_size,
                                                                      self.rows), sharding)
-        scores = {"eval_loss": sums["loss_sum"] / sums["count"], "eval_accuracy": sums["correct"] / sums["count"]}
+        scores = {"eval_loss": sums["loss_sum"] / sums["count"]}
+        if "correct" in sums:  # classification (a regression has no accuracy)
+            scores["eval_accuracy"] = sums["correct"] / sums["count"]
         if task.eval_output:
             outputs = _in_order(self.predict_step, params, task.eval_encoded, batch_size, sharding, self.rows)
             task_scores, self.predicted = task.held_out_scores(outputs, self.config.data)
@@ -271,6 +273,36 @@ def _saved_head(checkpoint: str) -> tuple[str, str]:
     return ("sequence" if "pooler" in saved else "tokens"), "tuned"
 
 
+def _saved_model(checkpoint: str) -> tuple[list[str], Any, tuple[str, str]]:
+    """(class names, architecture config, (task name, train.encoder)) of a fine-tuned directory."""
+    labels_path = fileio.join(checkpoint, LABELS_FILE)
+    if not fileio.exists(labels_path):
+        raise FileNotFoundError(f"--checkpoint={checkpoint} has no {LABELS_FILE}: with configs/finetune.py, "
+                                "--mode=export takes a fine-tuned directory (WORKDIR/finetuned)")
+    with fileio.open_file(labels_path) as file:
+        names = json.load(file)
+    model_config = init_architecture.recorded_config(fileio.join(checkpoint, init_architecture.RUN_MODEL_CONFIG))
+    return names, model_config, _saved_head(checkpoint)
+
+
+def predict(checkpoint: str, examples: finetune_data.Examples, config) -> np.ndarray:
+    """The logits ([rows, outputs], float32, in order) of the fine-tuned model in `checkpoint` (a WORKDIR/finetuned
+    directory: its head, parameters and tokenizer) for `examples`, sharded over config.mesh in batches of
+    config.train.batch_size rows of config.data.max_seq_length tokens. Every process calls it; each gets all rows."""
+    names, model_config, (name, encoder) = _saved_model(checkpoint)
+    model = tasks.head_model(name, model_config, len(names), encoder)
+    encoded = finetune_data.encode_examples(tokenization.load_tokenizer(checkpoint), examples,
+                                            config.data.max_seq_length)
+    setup = inference_setup(model, sharding_lib.create_mesh(config.mesh), sharding_lib.logical_rules(config.mesh),
+                            config.data.max_seq_length)
+    batch_size = config.train.batch_size
+    with jax.set_mesh(setup.mesh):
+        params, _ = checkpoint_lib.restore_params(checkpoint, setup.abstract.params, setup.shardings.params)
+        step = setup.jit_eval_step(make_logits_step(model, setup.rules))
+        rows = sharding_lib.process_rows(setup.batch_sharding, batch_size)
+        return _in_order(step, params, encoded, batch_size, setup.batch_sharding, rows)
+
+
 def export_finetuned(workdir: str, checkpoint: str = "", export_format: str = "hf", output: str = "") -> str:
     """`--mode=export` with configs/finetune.py: a fine-tuned directory (default WORKDIR/finetuned) as a HuggingFace
     directory (default WORKDIR/export/hf) that AutoModelForSequenceClassification, AutoModelForTokenClassification or
@@ -280,14 +312,7 @@ def export_finetuned(workdir: str, checkpoint: str = "", export_format: str = "h
                          "directory is already bert_jax's own format, which --config.init reads)")
     checkpoint = checkpoint or fileio.join(workdir, FINETUNED_SUBDIR)
     output = output or fileio.join(fileio.join(workdir, "export"), export_format)
-    labels_path = fileio.join(checkpoint, LABELS_FILE)
-    if not fileio.exists(labels_path):
-        raise FileNotFoundError(f"--checkpoint={checkpoint} has no {LABELS_FILE}: with configs/finetune.py, "
-                                "--mode=export takes a fine-tuned directory (WORKDIR/finetuned)")
-    with fileio.open_file(labels_path) as file:
-        names = json.load(file)
-    model_config = init_architecture.recorded_config(fileio.join(checkpoint, init_architecture.RUN_MODEL_CONFIG))
-    name, encoder = _saved_head(checkpoint)
+    names, model_config, (name, encoder) = _saved_model(checkpoint)
     if encoder != "tuned":
         raise ValueError(f"--checkpoint={checkpoint}: its {TASK_FILE} says train.encoder={encoder}, a head on the "
                          "last four layers that transformers' BertForTokenClassification cannot represent, so it does "

@@ -24,15 +24,17 @@ from bert_jax import optim
 from bert_jax import sharding as sharding_lib
 from bert_jax import tasks
 from bert_jax.data import finetune_data
+from bert_jax.data import glue as glue_data
 from bert_jax.data import packing
 from bert_jax.interop import init_architecture
 from bert_jax.train import DROPOUT_RNG_IMPLS
 
 PRETRAINING_MODES = ("train", "eval", "export")  # with configs/pretrain.py
-DOWNSTREAM_MODES = ("finetune", "features")  # with configs/finetune.py
+DOWNSTREAM_MODES = ("finetune", "features", "glue")  # with configs/finetune.py (glue: configs/glue.py)
 MODES = PRETRAINING_MODES + DOWNSTREAM_MODES
 POOLINGS = ("cls", "mean", "last4")  # features.pooling
-_RECIPES = "--mode=finetune/features take configs/finetune.py, the other modes configs/pretrain.py"
+_RECIPES = ("--mode=finetune/features take configs/finetune.py, --mode=glue configs/glue.py, the other modes "
+            "configs/pretrain.py")
 
 
 def prepare(config, workdir: str, mode: str, command_line=()):
@@ -230,7 +232,9 @@ def _validate_downstream(config, num_devices: int, process_count: int, mode: str
     _validate_profile(train)
     divergence.validate_config(train)
     validate_dropout_rng(train.dropout_rng)
-    if mode == "finetune":  # the same checkpoints as pretraining (bert_jax.loop)
+    if mode == "glue":
+        _validate_glue(config)
+    if mode in ("finetune", "glue"):  # the same checkpoints as pretraining (bert_jax.loop)
         _validate_checkpointing(config.checkpoint)
         if config.checkpoint.keep_best and not data.eval_file:
             fail("checkpoint.keep_best", "ranks checkpoints by eval loss: set --config.data.eval_file, or "
@@ -250,6 +254,9 @@ def _validate_downstream(config, num_devices: int, process_count: int, mode: str
         fail("train.encoder", f"{architecture.description} (arch={architecture.name}) is fine-tuned whole. "
              f"Fix: --config.train.encoder={architecture.token_encoders[0]}")
     _validate_token_encoder(config, bert_config, fail)
+    if data.format == "glue" and data.glue_task not in glue_data.BENCHMARK:
+        fail("data.glue_task", f"data.format=glue reads a GLUE task's own files: choose one of "
+             f"{', '.join(glue_data.BENCHMARK)}")
     if data.format == "conll":  # token classification: words and tags, no columns
         _validate_tagging(config, mode, fail)
         return
@@ -262,6 +269,8 @@ def _validate_downstream(config, num_devices: int, process_count: int, mode: str
     if data.max_seq_length < len(columns) + 2:
         fail("data.max_seq_length", f"must leave room for at least one token besides [CLS]/[SEP] "
              f"(>= {len(columns) + 2})")
+    if mode == "glue":
+        return  # each run's files and columns are its GLUE task's (bert_jax.glue.run_config)
     if mode == "finetune":
         if not data.train_file:
             fail("data.train_file", "set a CSV/TSV file or tfds:NAME:SPLIT to fine-tune on")
@@ -275,6 +284,41 @@ def _validate_downstream(config, num_devices: int, process_count: int, mode: str
         if config.features.pooling == "last4" and bert_config.num_layers < 4:
             raise ValueError(f"--config.features.pooling='last4' needs at least 4 layers; the model has "
                              f"{bert_config.num_layers}. Fix: pooling cls or mean")
+
+
+def _validate_glue(config) -> None:
+    """configs/glue.py's section and GLUE's directory, every file the runs will read there present."""
+    if "glue" not in config:
+        raise ValueError("--mode=glue takes configs/glue.py (its glue section: tasks, learning rates, seeds)")
+    names = glue_data.parse_tasks(config.glue.tasks)
+    for field, parse in (("learning_rates", float), ("seeds", int)):
+        values = finetune_data.split_names(config.glue[field])
+        try:
+            parsed = [parse(value) for value in values]
+        except ValueError:
+            parsed = []
+        if not parsed or (field == "learning_rates" and min(parsed) <= 0):
+            raise ValueError(f"--config.glue.{field}={config.glue[field]!r}: give a comma list of "
+                             f"{'positive numbers' if parse is float else 'integers'}")
+    from_mnli = finetune_data.split_names(config.glue.from_mnli)
+    if from_mnli and "mnli" not in names:
+        raise ValueError(f"--config.glue.from_mnli={config.glue.from_mnli!r} starts tasks from the MNLI run, but "
+                         f"--config.glue.tasks={config.glue.tasks!r} has no mnli. Fix: add mnli, or leave from_mnli "
+                         "empty")
+    if [name for name in from_mnli if name not in names]:
+        raise ValueError(f"--config.glue.from_mnli={config.glue.from_mnli!r} names tasks that --config.glue.tasks="
+                         f"{config.glue.tasks!r} does not run")
+    if not config.data_dir:
+        raise ValueError("--config.data_dir is empty: set it to GLUE's directory (CoLA/, SST-2/, ..., as "
+                         "download_glue_data.py writes it)")
+    for name in names:
+        task = glue_data.TASKS[name]
+        for split in (task.train_split, *task.dev_splits, *(task.test_splits if config.glue.submission else ())):
+            path = glue_data.split_path(config.data_dir, name, split)
+            if not fileio.exists(path):
+                raise FileNotFoundError(f"--config.data_dir={config.data_dir}: GLUE's {task.name} {split} file {path} "
+                                        "does not exist. Fix: the directory download_glue_data.py writes, or "
+                                        f"--config.glue.tasks without {name}")
 
 
 def _validate_task(config, fail) -> None:

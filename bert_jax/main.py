@@ -23,6 +23,7 @@ from ml_collections import config_flags
 from bert_jax import checkpoint
 from bert_jax import divergence
 from bert_jax import finetune
+from bert_jax import glue
 from bert_jax import job_config
 from bert_jax import pretraining
 from bert_jax import runtime
@@ -36,7 +37,8 @@ flags.DEFINE_enum("mode", "train", job_config.MODES,
                   "train: pretrain (resuming from WORKDIR/checkpoints if there are any); eval: held-out MLM/NSP "
                   "metrics of a checkpoint's parameters; export: a checkpoint to HuggingFace or Flax files; "
                   "finetune: sequence classification (with configs/finetune.py); features: embeddings to .npy "
-                  "(with configs/finetune.py).")
+                  "(with configs/finetune.py); glue: every GLUE task, the learning rate chosen on dev, and the "
+                  "table (with configs/glue.py).")
 flags.DEFINE_string("checkpoint", "", "With --mode=eval/export: a checkpoint step directory, or a checkpoints "
                     "directory (its latest step). Default: WORKDIR/checkpoints; with configs/finetune.py, "
                     "WORKDIR/finetuned (a fine-tuned classifier, exported for transformers).")
@@ -64,7 +66,9 @@ def main(argv):
     logging.info("config:\n%s", config)
     if os.environ.get("GLIBC_TUNABLES"):
         logging.info("glibc allocator: GLIBC_TUNABLES=%s", os.environ["GLIBC_TUNABLES"])
-    if FLAGS.mode == "features":
+    if FLAGS.mode == "glue":
+        glue.run_glue(config, FLAGS.workdir)
+    elif FLAGS.mode == "features":
         logging.info("features written to %s", finetune.extract_features(config, FLAGS.workdir))
     elif FLAGS.mode == "export":
         export = finetune.export_finetuned if job_config.is_finetuning_recipe(config) else functools.partial(

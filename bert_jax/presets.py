@@ -301,10 +301,14 @@ def finetuning_config(size: str = "tiny") -> ml_collections.ConfigDict:
     # Sources: a CSV (.csv) or TSV (.tsv) file with a header row, or "tfds:NAME[:VERSION]:SPLIT" (prepared only).
     data.train_file = ""  # training examples (local path, gs://, or tfds:NAME:SPLIT)
     data.eval_file = ""  # held-out examples for eval accuracy; empty = no evaluation
-    # "csv", "tsv", "tfds", "txt" or "auto" (tfds: prefix, .tsv, .txt, otherwise csv): task=sequence;
+    # "csv", "tsv", "tfds", "txt", "glue" or "auto" (tfds: prefix, .tsv, .txt, otherwise csv): task=sequence and
+    # task=regression;
     # "conll" (task=tokens): token classification, a token and its tag (last column) per line, IOB1 or IOB2 tags;
     # "squad" (task=qa): extractive question answering, SQuAD v1.1 / v2.0 JSON.
     data.format = "auto"
+    # data.format="glue": the GLUE task whose own TSV files data.train_file and data.eval_file are (cola, sst2, mrpc,
+    # stsb, qqp, mnli, qnli, rte, wnli: bert_jax.data.glue), their quirks and columns its own; --mode=glue sets it.
+    data.glue_task = ""
     data.text_columns = "sentence"  # one column (single sentence) or two, comma-separated (sentence pair)
     data.label_column = "label"  # column with the class; strings or integers
     # Class names in id order; empty: the TFDS ClassLabel's names, else the training labels sorted (numerically

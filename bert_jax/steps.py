@@ -238,17 +238,33 @@ def _labels_and_weights(batch):
     return labels, weights
 
 
-def make_classification_train_step(model: nn.Module, tx: optax.GradientTransformation, schedule, rules):
-    """`train_step(state, batch, rng) -> (state, metrics)`: weighted cross-entropy (over rows, or over the scored
-    tokens), dropout from fold_in(rng, step)."""
+# A fine-tuning task's loss (bert_jax.tasks' Task.loss): cross-entropy over classes, or the squared error of one
+# output per row (regression, transformers' problem_type="regression": MSE).
+LOSSES = ("cross_entropy", "squared_error")
+
+
+def _terms(logits, batch, loss: str):
+    """(each row's or scored token's loss, its correctness (None for regression), its weight)."""
+    if loss == "squared_error":
+        error = logits[:, 0].astype(jnp.float32) - batch["label_ids"].astype(jnp.float32)
+        return error * error, None, batch["weights"]
+    labels, weights = _labels_and_weights(batch)
+    return (optax.softmax_cross_entropy_with_integer_labels(logits, labels), jnp.argmax(logits, -1) == labels,
+            weights)
+
+
+def make_classification_train_step(model: nn.Module, tx: optax.GradientTransformation, schedule, rules,
+                                   loss: str = "cross_entropy"):
+    """`train_step(state, batch, rng) -> (state, metrics)`: the weighted mean of `loss` (LOSSES) over rows, or over
+    the scored tokens; dropout from fold_in(rng, step)."""
     def loss_fn(params, batch, dropout_rng):
         logits = _logits(model, rules, params, batch, False, {"dropout": dropout_rng})
-        labels, weights = _labels_and_weights(batch)
-        xent = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+        losses, correct, weights = _terms(logits, batch, loss)
         total = jnp.maximum(jnp.sum(weights), 1.0)
-        loss = jnp.sum(weights * xent) / total
-        correct = jnp.sum(weights * (jnp.argmax(logits, -1) == labels))
-        return loss, {"loss": loss, "accuracy": correct / total}
+        mean = jnp.sum(weights * losses) / total
+        if correct is None:
+            return mean, {"loss": mean}
+        return mean, {"loss": mean, "accuracy": jnp.sum(weights * correct) / total}
 
     def train_step(state, batch, rng):
         (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
@@ -258,14 +274,13 @@ def make_classification_train_step(model: nn.Module, tx: optax.GradientTransform
     return train_step
 
 
-def make_classification_eval_step(model: nn.Module, rules):
-    """`eval_step(params, batch) -> sums` of loss, correct predictions and real rows (padding rows weigh 0)."""
+def make_classification_eval_step(model: nn.Module, rules, loss: str = "cross_entropy"):
+    """`eval_step(params, batch) -> sums` of `loss`, correct predictions (not for regression) and real rows
+    (padding rows weigh 0)."""
     def eval_step(params, batch):
-        logits = _logits(model, rules, params, batch, True)
-        labels, weights = _labels_and_weights(batch)
-        xent = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
-        return {"loss_sum": jnp.sum(weights * xent), "correct": jnp.sum(weights * (jnp.argmax(logits, -1) == labels)),
-                "count": jnp.sum(weights)}
+        losses, correct, weights = _terms(_logits(model, rules, params, batch, True), batch, loss)
+        sums = {"loss_sum": jnp.sum(weights * losses), "count": jnp.sum(weights)}
+        return sums if correct is None else dict(sums, correct=jnp.sum(weights * correct))
     return eval_step
 
 

@@ -10,7 +10,9 @@ directory's task.json, `python -m bert_jax.benchmarks.finetune --task`; bert_jax
   the predicted tags in WORKDIR/eval_predictions.txt. `encoder=frozen_last4` picks the BERT paper's feature-based
   variant (see train.encoder) and its learning rate;
 - `qa`: extractive question answering: SQuAD v1.1 / v2.0 JSON in data.train_file and data.eval_file; exact match and
-  F1, and the answers in WORKDIR/predictions.json, the official format.
+  F1, and the answers in WORKDIR/predictions.json, the official format;
+- `regression`: a score per sentence or sentence pair (STS-B's similarity), from the same files as `sequence` (the
+  label column a number); one output trained with the squared error; Pearson and Spearman correlation.
 `glue=NAME` is the sequence task on a GLUE dataset read from TensorFlow Datasets (cola, sst2, mrpc, qqp, mnli, qnli,
 rte, wnli; prepared beforehand with `tfds build glue/NAME`, never downloaded here): `size=base,glue=sst2`. A GLUE
 name is a dataset, not a task, so it has its own option; data.format is the files' format (csv, tsv, tfds, txt,
@@ -43,7 +45,7 @@ GLUE_TASKS = {
 # small presets keep RECIPES'.
 QA_RECIPES = dict(RECIPES, base=(5e-5, 3), large=(5e-5, 3))
 # The task names, as bert_jax.tasks.NAMES (a test holds them equal; the recipe does not import the tasks' code).
-TASKS = ("sequence", "tokens", "qa")
+TASKS = ("sequence", "tokens", "qa", "regression")
 # Older spellings of task=..., still accepted: each maps to its task name here, at the recipe's boundary.
 TASK_ALIASES = {"csv": "sequence", "conll": "tokens", "squad": "qa"}
 

@@ -26,7 +26,7 @@ _WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "value", "is", "g
 # pylint: disable=protected-access  (what --mode=finetune writes and --mode=export reads back)
 _write_model_files, _saved_head = finetune._write_model_files, finetune._saved_head
 _HEADS = {"sequence": "BertForSequenceClassification", "tokens": "BertForTokenClassification",
-          "qa": "BertForQuestionAnswering"}
+          "qa": "BertForQuestionAnswering", "regression": "BertForSequenceClassification"}
 
 
 def _tokenizer(tmp_path):
@@ -41,7 +41,7 @@ def _model_config():
 
 
 def test_every_task_name_round_trips_through_the_recipe_the_registry_and_task_json(tmp_path):
-    assert tasks.NAMES == ("sequence", "tokens", "qa")
+    assert tasks.NAMES == ("sequence", "tokens", "qa", "regression")
     assert finetune_configs.TASKS == tasks.NAMES  # the recipe spells them without importing the tasks' code
     assert tuple(finetune_benchmark.TASKS) == tasks.NAMES  # --task=NAME
     # The file format the benchmark writes for a task is one that task reads (sequence: the default, auto).
@@ -85,7 +85,8 @@ def test_a_file_format_of_another_task_names_that_task(tmp_path):
                                          r"task=tokens. Fix: configs/finetune.py:task=tokens"):
         job_config.validate(config, "finetune", 8, 1)
     config.data.format, config.task = "csv", "ner"
-    with pytest.raises(ValueError, match=r"--config.task='ner': choose one of \('sequence', 'tokens', 'qa'\)"):
+    with pytest.raises(ValueError, match=r"--config.task='ner': choose one of "
+                                         r"\('sequence', 'tokens', 'qa', 'regression'\)"):
         job_config.validate(config, "finetune", 8, 1)
 
 

@@ -109,7 +109,8 @@ class Bert(Architecture):
     def export(self, params, config, output_dir: str, *, tokenizer=None, export_format: str = "hf",
                task: str | None = None, label_names=()) -> str:
         if task is not None:  # the head is told by the parameters (qa_outputs; a pooler or not)
-            return huggingface.export_hf_classifier(params, config, output_dir, list(label_names), tokenizer)
+            return huggingface.export_hf_classifier(params, config, output_dir, list(label_names), tokenizer,
+                                                    problem_type="regression" if task == "regression" else None)
         if export_format == "flax":
             return flax_files.export_flax(params, config, output_dir, tokenizer=tokenizer)
         return huggingface.export_hf(params, config, output_dir, tokenizer=tokenizer)

@@ -54,7 +54,8 @@ def _define_flags():
     flags.DEFINE_list("sides", ["jax", "torch"], "What each round runs, in order: jax, torch.")
     flags.DEFINE_float("learning_rate", 1e-4, "Peak learning rate of both.")
     flags.DEFINE_enum("task", "sequence", list(TASKS), "What is fine-tuned: sequence (sentence classification, "
-                      "a CSV), tokens (token classification, CoNLL), qa (extractive question answering, SQuAD).")
+                      "a CSV), tokens (token classification, CoNLL), qa (extractive question answering, SQuAD), "
+                      "regression (a score per sentence, a CSV).")
     flags.DEFINE_string("json_out", "", "Also write every run's result (its round, side, steady examples/s, "
                         "windows, peak RSS) to this JSON file.")
     flags.DEFINE_string("side", "", "Internal: run one side in this process on --task_dir and print its JSON.")
@@ -71,7 +72,8 @@ _SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 # transformers' head).
 TASKS = {"sequence": ("train.csv", "BertForSequenceClassification"),
          "tokens": ("train.conll", "BertForTokenClassification"),
-         "qa": ("train.json", "BertForQuestionAnswering")}
+         "qa": ("train.json", "BertForQuestionAnswering"),
+         "regression": ("train.csv", "BertForSequenceClassification")}
 # The one file format bert_jax.tasks reads for these tasks (importing the tasks would load jax into the torch side).
 FILE_FORMATS = {"tokens": "conll", "qa": "squad"}
 # CoNLL-2003's 9 tags, IOB2.
@@ -92,6 +94,16 @@ def _write_sequence(file, rng, words: list[str], examples: int) -> None:
         if label:
             sentence[int(rng.integers(0, len(sentence)))] = "keyword"
         file.write(f"{' '.join(sentence)},{label}\n")
+
+
+def _write_regression(file, rng, words: list[str], examples: int) -> None:
+    """sentence,label rows; the label (0 to 5) is 1.25 times the times the sentence holds the word "keyword"."""
+    file.write("sentence,label\n")
+    for _ in range(examples):
+        sentence, count = _sentence(rng, words, 4, 40), int(rng.integers(0, 5))
+        for _ in range(count):
+            sentence[int(rng.integers(0, len(sentence)))] = "keyword"
+        file.write(f"{' '.join(sentence)},{1.25 * sentence.count('keyword'):.2f}\n")
 
 
 def _write_tokens(file, rng, words: list[str], examples: int) -> None:
@@ -128,13 +140,15 @@ def write_task(directory: str, examples: int, vocab_size: int, seed: int = 0,
 
     Sentence lengths (4 to 40 words) and Zipf-distributed words look like short text, the kind sentence embedders
     are fine-tuned on. sequence: train.csv (sentence,label), the label whether the sentence holds the word
-    "keyword"; tokens: train.conll, CoNLL-2003's 9 IOB2 tags; qa: train.json, SQuAD v1.1 questions."""
+    "keyword"; tokens: train.conll, CoNLL-2003's 9 IOB2 tags; qa: train.json, SQuAD v1.1 questions; regression:
+    train.csv (sentence,label), the label 1.25 times the times the sentence holds "keyword"."""
     rng = np.random.default_rng(seed)
     words = [f"w{index}" for index in range(vocab_size - len(_SPECIALS) - 1)] + ["keyword"]
     vocab_path, train_path = os.path.join(directory, "vocab.txt"), os.path.join(directory, TASKS[task][0])
     with open(vocab_path, "w", encoding="utf-8") as file:
         file.write("\n".join(_SPECIALS + words) + "\n")
-    writer = {"sequence": _write_sequence, "tokens": _write_tokens, "qa": _write_qa}[task]
+    writer = {"sequence": _write_sequence, "tokens": _write_tokens, "qa": _write_qa, "regression": _write_regression}[
+        task]
     with open(train_path, "w", encoding="utf-8") as file:
         writer(file, rng, words, examples)
     return vocab_path, train_path
@@ -197,8 +211,10 @@ def torch_rows(config, task: str) -> tuple[dict, dict, int]:
         return windows.arrays(), {"start_positions": windows.start_positions,
                                   "end_positions": windows.end_positions}, 2
     examples = finetune_data.read_examples(data.train_file, data)
-    names = finetune_data.label_names(examples, data)
     encoded = finetune_data.encode_examples(tokenizer, examples, data.max_seq_length)
+    if task == "regression":  # one output, float targets: transformers' problem_type="regression"
+        return encoded, {"labels": np.asarray([float(label) for label in examples.labels], np.float32)}, 1
+    names = finetune_data.label_names(examples, data)
     return encoded, {"labels": finetune_data.label_ids(examples, names)}, len(names)
 
 
@@ -211,7 +227,8 @@ def torch_model(model_config, head: str, num_labels: int):
         intermediate_size=model_config.intermediate_size, hidden_act="gelu",
         max_position_embeddings=model_config.max_position_embeddings, type_vocab_size=model_config.type_vocab_size,
         hidden_dropout_prob=model_config.dropout_rate, attention_probs_dropout_prob=model_config.attention_dropout_rate,
-        layer_norm_eps=model_config.layer_norm_eps, num_labels=num_labels)
+        layer_norm_eps=model_config.layer_norm_eps, num_labels=num_labels,
+        problem_type="regression" if num_labels == 1 else None)
     return getattr(transformers, head)(hf_config).train()
 
 
@@ -248,7 +265,8 @@ def run_torch(task_dir: str) -> dict:
         output = model(input_ids=torch.as_tensor(inputs["input_ids"][indices], dtype=torch.long),
                        attention_mask=torch.as_tensor(inputs["input_mask"][indices], dtype=torch.long),
                        token_type_ids=torch.as_tensor(inputs["segment_ids"][indices], dtype=torch.long),
-                       **{name: torch.as_tensor(value[indices], dtype=torch.long) for name, value in targets.items()})
+                       **{name: torch.as_tensor(value[indices], dtype=torch.float32 if value.dtype.kind == "f"
+                                                else torch.long) for name, value in targets.items()})
         output.loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), config.optim.max_grad_norm)
         optimizer.step()
@@ -298,7 +316,8 @@ def run_side(side: str, task_dir: str, passed: list[str]) -> dict:
 
 
 def _print_header() -> None:
-    what = {"sequence": "sentences", "tokens": "CoNLL sentences", "qa": "SQuAD questions"}[FLAGS.task]
+    what = {"sequence": "sentences", "tokens": "CoNLL sentences", "qa": "SQuAD questions",
+            "regression": "scored sentences"}[FLAGS.task]
     print(f"task: {FLAGS.task}, {FLAGS.examples} {what}, seq {FLAGS.seq_length}, batch {FLAGS.batch_size}, "
           f"{FLAGS.steps} steps; model {FLAGS.layers} layers, hidden {FLAGS.hidden}, {FLAGS.heads} heads, "
           f"intermediate {FLAGS.intermediate}, vocab {FLAGS.vocab_size}; dropout on; windows of {FLAGS.log_every} "

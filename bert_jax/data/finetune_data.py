@@ -14,7 +14,7 @@ import numpy as np
 from bert_jax import fileio
 from bert_jax.data import tokenization
 
-FORMATS = ("auto", "csv", "tsv", "tfds", "txt")
+FORMATS = ("auto", "csv", "tsv", "tfds", "txt", "glue")  # glue: a GLUE task's own TSV (data.glue_task names it)
 TFDS_PREFIX = "tfds:"
 
 _VERSION = re.compile(r"\d+\.(?:\d+|\*)\.(?:\d+|\*)")
@@ -51,7 +51,11 @@ def read_examples(path: str, data_config, with_labels: bool = True, field: str =
     columns = split_names(data_config.text_columns)
     label_column = data_config.label_column if with_labels else None
     kind = _format(path, data_config.format)
-    if kind == "tfds":
+    if kind == "glue":
+        # Imported here: bert_jax.data.glue builds on this module's Examples.
+        from bert_jax.data import glue  # pylint: disable=import-outside-toplevel
+        examples = glue.read_file(path, data_config.glue_task)
+    elif kind == "tfds":
         examples = _read_tfds(path, columns, label_column, data_config.tfds_data_dir)
     else:
         if not fileio.exists(path):

@@ -154,6 +154,36 @@ def task_of(task: str) -> GlueTask:
     return TASKS[key]
 
 
+# The nine tasks in the BERT paper's Table 1 order, AX left out (a test set only, predicted with MNLI's model).
+BENCHMARK = ("mnli", "qqp", "qnli", "sst2", "cola", "stsb", "mrpc", "rte", "wnli")
+
+
+def parse_tasks(text: str) -> tuple[str, ...]:
+    """A list of tasks ("all", or names comma-separated, GLUE's spellings too) in BENCHMARK's order."""
+    names = BENCHMARK if text.strip() == "all" else tuple(
+        next(key for key, value in TASKS.items() if value is task_of(name.strip()))
+        for name in text.split(",") if name.strip())
+    unknown = [name for name in names if name not in BENCHMARK]
+    if unknown or not names:
+        raise ValueError(f"--config.glue.tasks={text!r}: {unknown or 'none'} of GLUE's nine; choose 'all' or a "
+                         f"comma list of {', '.join(BENCHMARK)}")
+    return tuple(name for name in BENCHMARK if name in names)
+
+
+def read_file(path: str, task: str) -> finetune_data.Examples:
+    """read_split of the file at `path`: the split its name gives, in its task directory's parent (data.format
+    "glue", with data.glue_task naming the task)."""
+    glue_task = task_of(task)
+    name = path.rstrip("/").rsplit("/", 1)[-1]
+    splits = [split for split, file_name in glue_task.files.items() if file_name == name]
+    if not splits:
+        raise ValueError(f"{path}: not a file of GLUE's {glue_task.name} (--config.data.glue_task={task!r}), whose "
+                         f"files are {_expected_layout(glue_task)}")
+    directory = path.rstrip("/").rsplit("/", 1)[0] if "/" in path.rstrip("/") else "."
+    data_dir = directory.rsplit("/", 1)[0] if "/" in directory else "."
+    return read_split(data_dir, task, splits[0])
+
+
 def split_path(data_dir: str, task: str, split: str) -> str:
     glue_task = task_of(task)
     if split not in glue_task.files:

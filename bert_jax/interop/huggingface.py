@@ -155,11 +155,12 @@ def _require_wordpiece(tokenizer, caller: str, fix: str) -> None:
 
 
 def export_hf_classifier(params, bert_config: model_lib.BertConfig, output_dir: str, label_names: list[str],
-                         tokenizer) -> str:
+                         tokenizer, problem_type: str | None = None) -> str:
     """A fine-tuned model as a directory that transformers loads offline with `tokenizer`'s files:
     AutoModelForQuestionAnswering for parameters with `qa_outputs` (bert_jax's BertForQuestionAnswering; no
     labels), else AutoModelForTokenClassification (no pooler: BertForTokenClassification) or
-    AutoModelForSequenceClassification, with the label map (config.json's id2label / label2id). Returns output_dir."""
+    AutoModelForSequenceClassification, with the label map (config.json's id2label / label2id) and, given, its
+    `problem_type` ("regression": one output, transformers' MSE loss). Returns output_dir."""
     flat = layout.host_params(params)
     head = "qa_outputs" if "qa_outputs/kernel" in flat else "classifier"
     pooled = any(path.startswith("pooler/") for path in flat) and head == "classifier"
@@ -184,6 +185,8 @@ def export_hf_classifier(params, bert_config: model_lib.BertConfig, output_dir: 
     if label_names:
         config["id2label"] = {str(index): name for index, name in enumerate(label_names)}
         config["label2id"] = {name: index for index, name in enumerate(label_names)}
+    if problem_type:
+        config["problem_type"] = problem_type
     layout.write_json(os.path.join(output_dir, HF_CONFIG), config)
     export_hf_tokenizer(tokenizer, output_dir, bert_config.max_position_embeddings)
     return output_dir

@@ -227,7 +227,7 @@ def export_hf(params, config: modern.ModernConfig, output_dir: str, tokenizer=No
 
 # A fine-tuned task (bert_jax.tasks' names) -> the transformers class that has its head.
 TASK_CLASSES = {"sequence": "ModernBertForSequenceClassification", "tokens": "ModernBertForTokenClassification",
-                "qa": "ModernBertForQuestionAnswering"}
+                "qa": "ModernBertForQuestionAnswering", "regression": "ModernBertForSequenceClassification"}
 
 
 def export_hf_task(params, config: modern.ModernConfig, output_dir: str, task: str, label_names: list[str],
@@ -238,6 +238,8 @@ def export_hf_task(params, config: modern.ModernConfig, output_dir: str, task: s
     kernel = params["classifier"]["kernel"] if "classifier" in params else None
     layout.check_head_width(kernel, "classifier", 2 if task == "qa" else len(label_names), "export_hf_task")
     extra = {"architectures": [TASK_CLASSES[task]]}
+    if task == "regression":  # one output, transformers' MSE loss
+        extra["problem_type"] = "regression"
     if task != "qa":
         extra.update(id2label={str(index): name for index, name in enumerate(label_names)},
                      label2id={name: index for index, name in enumerate(label_names)})

@@ -2,7 +2,8 @@
 
 - sequence (tasks/sequence.py): sentence / sentence-pair classification from CSV/TSV/.txt files or TFDS;
 - tokens (tasks/tokens.py): token classification from CoNLL files;
-- qa (tasks/qa.py): extractive question answering from SQuAD JSON.
+- qa (tasks/qa.py): extractive question answering from SQuAD JSON;
+- regression (tasks/regression.py): a score per sentence or sentence pair (STS-B), from the sequence task's files.
 
 A task's name is the same everywhere: configs/finetune.py:task=NAME (config.task), WORKDIR/finetuned/task.json and
 `python -m bert_jax.benchmarks.finetune --task=NAME`. Each task class (tasks/base.py: Task) owns how its files are
@@ -10,13 +11,15 @@ read and labelled, its head, its held-out scores and what it writes; bert_jax.fi
 """
 
 from bert_jax.tasks import qa
+from bert_jax.tasks import regression
 from bert_jax.tasks import sequence
 from bert_jax.tasks import tokens
 from bert_jax.tasks.base import Task
 
 TASKS: dict[str, type[Task]] = {cls.name: cls for cls in (sequence.SequenceClassification,
-                                                         tokens.TokenClassification, qa.QuestionAnswering)}
-NAMES = tuple(TASKS)  # ("sequence", "tokens", "qa")
+                                                         tokens.TokenClassification, qa.QuestionAnswering,
+                                                         regression.Regression)}
+NAMES = tuple(TASKS)  # ("sequence", "tokens", "qa", "regression")
 
 
 def task_class(name: str, where: str = "config.task") -> type[Task]:

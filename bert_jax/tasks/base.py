@@ -19,6 +19,8 @@ class Task:
     formats: ClassVar[tuple[str, ...]]  # the data.format values (file formats) this task reads
     # train.encoder values this task's head takes (see bert_jax.model.TOKEN_ENCODERS)
     encoders: ClassVar[tuple[str, ...]] = ("tuned",)
+    # The training loss (bert_jax.steps.LOSSES): cross-entropy over the classes, or "squared_error" of one output.
+    loss: ClassVar[str] = "cross_entropy"
     # What the held-out scores are computed from: "labels" (each position's most likely label, int32), "logits"
     # (float32) or None (no scores beyond the loop's eval loss and accuracy).
     eval_output: ClassVar[str | None] = None

@@ -33,8 +33,8 @@ PRETRAINING_MODES = ("train", "eval", "export")  # with configs/pretrain.py
 DOWNSTREAM_MODES = ("finetune", "features", "glue")  # with configs/finetune.py (glue: configs/glue.py)
 MODES = PRETRAINING_MODES + DOWNSTREAM_MODES
 POOLINGS = ("cls", "mean", "last4")  # features.pooling
-_RECIPES = ("--mode=finetune/features take configs/finetune.py, --mode=glue configs/glue.py, the other modes "
-            "configs/pretrain.py")
+_RECIPES = ("--mode=finetune/features take configs/finetune.py, the other modes configs/pretrain.py (and "
+            "--mode=glue configs/glue.py)")
 
 
 def prepare(config, workdir: str, mode: str, command_line=()):

@@ -27,7 +27,7 @@ import pytest
 # Modules whose tests share an expensive module-scoped fixture or cache (a compiled step, an unsharded reference
 # run): each runs on one worker, as one unit, so that the fixture is made once. pytest-xdist's xdist_group mark
 # would say this in the module, but under pytest 9.2 it no longer groups anything (pytest-dev/pytest-xdist#1386).
-ONE_WORKER_MODULES = ("test_aot.py", "test_sharding.py")
+ONE_WORKER_MODULES = ("test_aot.py", "test_sharding.py", "test_glue.py")
 
 # What a crash report quotes of the dead worker's log: the end of what it wrote during the test that crashed.
 CRASH_TAIL_CHARS = 6000

@@ -285,14 +285,14 @@ def _saved_model(checkpoint: str) -> tuple[list[str], Any, tuple[str, str]]:
     return names, model_config, _saved_head(checkpoint)
 
 
-def predict(checkpoint: str, examples: finetune_data.Examples, config) -> np.ndarray:
+def predict(checkpoint: str, example_sets: list[finetune_data.Examples], config) -> list[np.ndarray]:
     """The logits ([rows, outputs], float32, in order) of the fine-tuned model in `checkpoint` (a WORKDIR/finetuned
-    directory: its head, parameters and tokenizer) for `examples`, sharded over config.mesh in batches of
-    config.train.batch_size rows of config.data.max_seq_length tokens. Every process calls it; each gets all rows."""
+    directory: its head, parameters and tokenizer) for each of `example_sets`, read and compiled once, sharded over
+    config.mesh in batches of config.train.batch_size rows of config.data.max_seq_length tokens. Every process
+    calls it; each gets all rows."""
     names, model_config, (name, encoder) = _saved_model(checkpoint)
     model = tasks.head_model(name, model_config, len(names), encoder)
-    encoded = finetune_data.encode_examples(tokenization.load_tokenizer(checkpoint), examples,
-                                            config.data.max_seq_length)
+    tokenizer = tokenization.load_tokenizer(checkpoint)
     setup = inference_setup(model, sharding_lib.create_mesh(config.mesh), sharding_lib.logical_rules(config.mesh),
                             config.data.max_seq_length)
     batch_size = config.train.batch_size
@@ -300,7 +300,8 @@ def predict(checkpoint: str, examples: finetune_data.Examples, config) -> np.nda
         params, _ = checkpoint_lib.restore_params(checkpoint, setup.abstract.params, setup.shardings.params)
         step = setup.jit_eval_step(make_logits_step(model, setup.rules))
         rows = sharding_lib.process_rows(setup.batch_sharding, batch_size)
-        return _in_order(step, params, encoded, batch_size, setup.batch_sharding, rows)
+        return [_in_order(step, params, finetune_data.encode_examples(tokenizer, examples, config.data.max_seq_length),
+                          batch_size, setup.batch_sharding, rows) for examples in example_sets]
 
 
 def export_finetuned(workdir: str, checkpoint: str = "", export_format: str = "hf", output: str = "") -> str:

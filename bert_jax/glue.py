@@ -18,7 +18,6 @@ glue.submission also writes the GLUE server's test-set files (W/submission/*.tsv
 
 import dataclasses
 import json
-import os
 import statistics
 import time
 
@@ -96,18 +95,14 @@ def _read_json(path: str):
 def _write_json(path: str, value) -> None:
     """Written whole, then renamed: a stop in the middle never leaves a half file that reads as a finished run."""
     fileio.write_json(path + ".tmp", value)
-    os.replace(path + ".tmp", path)
+    fileio.rename(path + ".tmp", path)
 
 
-def dev_scores(config, run: Run, checkpoint: str) -> dict[str, dict[str, float]]:
-    """{dev split: GLUE's metrics} of the fine-tuned model in `checkpoint`."""
-    task = glue_data.TASKS[run.task]
-    scores = {}
-    for split in task.dev_splits:
-        examples = glue_data.read_split(config.data_dir, run.task, split)
-        logits = finetune.predict(checkpoint, examples, config)
-        scores[split] = glue_metrics.scores(run.task, _predictions(run.task, logits), _gold(run.task, examples))
-    return scores
+def dev_scores(task: str, dev: dict, checkpoint: str, config) -> dict[str, dict[str, float]]:
+    """{dev split: GLUE's metrics} of the fine-tuned model in `checkpoint` on `dev` ({split: examples})."""
+    logits = finetune.predict(checkpoint, list(dev.values()), config)
+    return {split: glue_metrics.scores(task, _predictions(task, split_logits), _gold(task, examples))
+            for (split, examples), split_logits in zip(dev.items(), logits)}
 
 
 def _predictions(task: str, logits: np.ndarray) -> np.ndarray:
@@ -138,11 +133,12 @@ class _Progress:
         self.seconds += seconds
 
 
-def _num_steps(config, run: Run) -> int:
+def _num_steps(config, task: str) -> int:
+    """A run's steps, as train.finetuning_optimizer counts them (for the ETA; the run reads its file itself)."""
     train = config.train
     if train.num_steps:
         return train.num_steps
-    count = len(glue_data.read_split(config.data_dir, run.task, glue_data.TASKS[run.task].train_split).labels)
+    count = len(glue_data.read_split(config.data_dir, task, glue_data.TASKS[task].train_split).labels)
     return int(np.ceil(train.num_epochs * count / train.batch_size))
 
 
@@ -150,8 +146,8 @@ def run_glue(config, workdir: str) -> dict:
     """Runs (or resumes) the protocol of `config` (configs/glue.py, from bert_jax.job_config.prepare) in `workdir`;
     returns the table (glue.json's content), or {} when SIGTERM stopped a run (rerun the command to resume)."""
     runs = plan(config)
-    steps = {run.task: _num_steps(config, run) for run in runs}
-    progress, results, seconds = _Progress(runs), {}, {}
+    steps = {task: _num_steps(config, task) for task in dict.fromkeys(run.task for run in runs)}
+    progress, results, seconds, dev = _Progress(runs), {}, {}, {}
     for index, run in enumerate(runs):
         directory = run.directory(workdir)
         scores_path = fileio.join(directory, SCORES_FILE)
@@ -173,7 +169,10 @@ def run_glue(config, workdir: str) -> dict:
             logging.info("GLUE stopped by SIGTERM in %s %s; rerun the same command to resume", run.task, run.name)
             return {}
         progress.finished(steps[run.task], time.perf_counter() - start)
-        results[run] = dev_scores(config, run, fileio.join(directory, finetune.FINETUNED_SUBDIR))
+        if run.task not in dev:  # read once per task, for all its runs
+            dev[run.task] = {split: glue_data.read_split(config.data_dir, run.task, split)
+                             for split in glue_data.TASKS[run.task].dev_splits}
+        results[run] = dev_scores(run.task, dev[run.task], fileio.join(directory, finetune.FINETUNED_SUBDIR), config)
         seconds[run] = time.perf_counter() - start
         _write_json(scores_path, {"scores": results[run], "seconds": seconds[run]})
         if index + 1 == len(runs) or runs[index + 1].task != run.task:
@@ -299,19 +298,20 @@ def write_submission(config, workdir: str, summary: dict) -> list[str]:
     written = []
     for task, row in summary["tasks"].items():
         checkpoint = fileio.join(fileio.join(fileio.join(workdir, task), row["chosen_run"]), finetune.FINETUNED_SUBDIR)
-        for source in ((task, "ax") if task == "mnli" else (task,)):
-            glue_task = glue_data.TASKS[source]
-            for split in glue_task.test_splits:
-                examples = glue_data.read_split(config.data_dir, source, split)
-                predicted = _predictions(task, finetune.predict(checkpoint, examples, config))
-                names = glue_data.TASKS[task].label_names
-                path = fileio.join(directory, glue_task.submission_files[split])
-                with fileio.open_file(path, "w") as file:
-                    file.write("index\tprediction\n")
-                    for index, value in zip(examples.ids, predicted):
-                        # STS-B's server takes scores in [0, 5]; the classes are written by name.
-                        text = f"{min(max(float(value), 0.0), 5.0):.3f}" if names is None else names[int(value)]
-                        file.write(f"{index}\t{text}\n")
-                written.append(path)
+        tests = [(source, split) for source in ((task, "ax") if task == "mnli" else (task,))
+                 for split in glue_data.TASKS[source].test_splits]
+        example_sets = [glue_data.read_split(config.data_dir, source, split) for source, split in tests]
+        names = glue_data.TASKS[task].label_names
+        for (source, split), examples, logits in zip(tests, example_sets,
+                                                      finetune.predict(checkpoint, example_sets, config)):
+            predicted = _predictions(task, logits)
+            path = fileio.join(directory, glue_data.TASKS[source].submission_files[split])
+            with fileio.open_file(path, "w") as file:
+                file.write("index\tprediction\n")
+                for index, value in zip(examples.ids, predicted):
+                    # STS-B's server takes scores in [0, 5]; the classes are written by name.
+                    text = f"{min(max(float(value), 0.0), 5.0):.3f}" if names is None else names[int(value)]
+                    file.write(f"{index}\t{text}\n")
+            written.append(path)
     logging.info("GLUE submission files: %s", ", ".join(written))
     return written

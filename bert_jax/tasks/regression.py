@@ -1,17 +1,17 @@
 """The regression task: a sentence or sentence pair scored with one number (STS-B's similarity, 0 to 5), from the
 same files as the sequence task; one output on the pooled vector (the sequence classifier with num_labels=1, as
 transformers' *ForSequenceClassification with problem_type="regression"), trained with the squared error. Its
-held-out scores: Pearson and Spearman correlation (scipy) and the mean squared error."""
+held-out scores: Pearson and Spearman correlation (glue_metrics, SciPy) and the mean squared error."""
 
 from typing import Any
 
 from absl import logging
 import flax.linen as nn
 import numpy as np
-from scipy import stats
 
 from bert_jax import arch as arch_lib
 from bert_jax.data import finetune_data
+from bert_jax.tasks import glue_metrics
 from bert_jax.tasks.base import Task
 
 SCORE = "score"  # the one output's name: labels.json, and the exported config's id2label
@@ -62,8 +62,8 @@ class Regression(Task):
 
 
 def correlations(predicted: np.ndarray, gold: np.ndarray) -> dict[str, float]:
-    """eval_pearson, eval_spearman (scipy; 0 where either side is constant, where both are undefined) and eval_mse."""
-    constant = np.ptp(predicted) == 0 or np.ptp(gold) == 0
-    return {"eval_pearson": 0.0 if constant else float(stats.pearsonr(predicted, gold)[0]),
-            "eval_spearman": 0.0 if constant else float(stats.spearmanr(predicted, gold)[0]),
+    """eval_pearson and eval_spearman (glue_metrics' STS-B scores: SciPy's, 0 where a side is constant) and
+    eval_mse."""
+    scores = glue_metrics.scores("stsb", predicted, gold)
+    return {"eval_pearson": scores["pearson"], "eval_spearman": scores["spearman"],
             "eval_mse": float(np.mean((predicted - gold) ** 2))}

@@ -186,7 +186,7 @@ _CANDIDATE_END = re.compile(rf"[.!?]+[{re.escape(_CLOSERS)}]*\s+")
 _MULTI_INITIALS = re.compile(r"(?:[^\W\d_]\.)+[^\W\d_]")  # U.S, e.g, p.m: the token before the final period
 
 
-def split_sentences(paragraph: str) -> list[str]:
+def split_sentences_by_rules(paragraph: str) -> list[str]:
     """Splits prose into sentences with a small rule set; whitespace runs become single spaces.
 
     A sentence ends after '.', '!' or '?' (possibly repeated, possibly followed by closing quotes or brackets) when
@@ -212,6 +212,9 @@ def split_sentences(paragraph: str) -> list[str]:
     if start < len(text):
         sentences.append(text[start:].strip())
     return [sentence for sentence in sentences if sentence]
+
+
+split_sentences = split_sentences_by_rules
 
 
 def _is_abbreviation(text: str, period: int) -> bool:

@@ -2,9 +2,9 @@
 
     python -m bert_jax.benchmarks.sentences [--conllu=a.conllu,b.conllu] [--golden_rules=english_golden_rules.py]
 
-Splitters: this project's rules (`corpus.split_sentences_by_rules`, which builds the demo corpus) and the libraries
-of `CANDIDATES` that import here (pysbd, blingfire, syntok, sentencex, spaCy's rule-based sentencizer); a missing
-one is listed as such. Gold text, each piece a paragraph whose sentences the splitter must find again:
+Splitters: this project's rules (`corpus.split_sentences_by_rules`, which builds the demo corpus), the libraries
+of `CANDIDATES` that import here (pysbd, blingfire, syntok, sentencex, spaCy's rule-based sentencizer; a missing
+one is listed as such), and `corpus.split_sentences` as user corpora get it (sentencex, English rules). Gold text, each piece a paragraph whose sentences the splitter must find again:
   * sample_text: the original BERT sample text (one sentence per line), each document's lines joined;
   * hard cases: `HARD_CASES` below, hand-made (abbreviations, decimals, quotes, ellipses, lower-case starts,
     German, French, Spanish, Chinese, Japanese);
@@ -157,14 +157,14 @@ def _spacy():
     return split
 
 
-def _sentences_module():
-    from bert_jax.data import sentences  # pylint: disable=import-outside-toplevel
-    return lambda text, language: sentences.split_sentences(text)
+def _ours():
+    return lambda text, language: corpus.split_sentences(text)
 
 
 CANDIDATES: dict[str, Callable] = {
     "rules (today's)": _rules, "pysbd": _pysbd, "blingfire": _blingfire, "syntok": _syntok,
     "sentencex": _sentencex, "sentencex (en only)": _sentencex_english, "spacy sentencizer": _spacy,
+    "corpus.split_sentences": _ours,
 }
 
 

@@ -4,7 +4,8 @@
 
 Splitters: this project's rules (`corpus.split_sentences_by_rules`, which builds the demo corpus), the libraries
 of `CANDIDATES` that import here (pysbd, blingfire, syntok, sentencex, spaCy's rule-based sentencizer; a missing
-one is listed as such), and `corpus.split_sentences` as user corpora get it (sentencex, English rules). Gold text, each piece a paragraph whose sentences the splitter must find again:
+one is listed as such), and `corpus.split_sentences` as user corpora get it (sentencex, English rules).
+Gold text, each piece a paragraph whose sentences the splitter must find again:
   * sample_text: the original BERT sample text (one sentence per line), each document's lines joined;
   * hard cases: `HARD_CASES` below, hand-made (abbreviations, decimals, quotes, ellipses, lower-case starts,
     German, French, Spanish, Chinese, Japanese);

@@ -181,6 +181,7 @@ def split_sentences(paragraph: str) -> list[str]:
     from bert_jax.data import sentences  # pylint: disable=import-outside-toplevel
     return sentences.split_sentences(paragraph)
 
+
 # Words that end with a period without ending the sentence. Compared in lower case, without the final period.
 _ABBREVIATIONS = frozenset(
     "mr mrs ms dr prof sr jr st mt vs etc e.g i.e cf al fig figs eq eqs vol vols approx ca resp dept inc ltd "
@@ -196,7 +197,7 @@ def split_sentences_by_rules(paragraph: str) -> list[str]:
     """Splits prose into sentences with a small rule set; whitespace runs become single spaces.
 
     The demo corpus is built with these rules, as it is built without third-party packages (and its figures are
-    pinned); user corpora go through `split_sentences`, which was more accurate on every gold set but one.
+    pinned); user corpora go through `split_sentences`, more accurate and faster (docs/data.md, Sentence splitting).
 
     A sentence ends after '.', '!' or '?' (possibly repeated, possibly followed by closing quotes or brackets) when
     whitespace and then an upper-case letter, a digit or an opening quote follow. A period does not end a sentence

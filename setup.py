@@ -15,6 +15,7 @@ INSTALL_REQUIRES = [
     "importlib_resources>=6",  # imported by tensorflow-datasets 4.9.10 without declaring it
     "sentencepiece>=0.2.0,<0.3",
     "tokenizers>=0.22,<0.24",  # HuggingFace WordPiece (reproduces the original BERT tokenizer)
+    "sentencex>=1.0.32,<1.1",  # sentence splitting of paragraph corpora (docs/data.md, "Sentence splitting")
     "tqdm>=4.60,<5",
     "psutil>=5.9,<8",  # peak-memory figures in the data benchmark
     "google-crc32c>=1.5,<2",  # TFRecord framing without importing TensorFlow

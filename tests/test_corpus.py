@@ -144,11 +144,13 @@ def test_unknown_text_format_raises():
 # Sentences and paragraphs
 
 
-def test_split_sentences_on_tricky_text():
-    text = ('Dr. Smith arrived at 3.30 p.m. on Monday. He said "Stop!" Then he left, e.g. for lunch, i.e. at noon. '
-            'Was it late?  Yes!! Mr. J. Doe paid $4.50 etc. for the U.S. version.\n"Quoted start." '
-            '(Parenthetical.) 2020 was a year... the end? no')
-    assert corpus.split_sentences(text) == [
+TRICKY_TEXT = ('Dr. Smith arrived at 3.30 p.m. on Monday. He said "Stop!" Then he left, e.g. for lunch, i.e. at '
+               'noon. Was it late?  Yes!! Mr. J. Doe paid $4.50 etc. for the U.S. version.\n"Quoted start." '
+               '(Parenthetical.) 2020 was a year... the end? no')
+
+
+def test_rule_splitter_of_the_demo_corpus_on_tricky_text():
+    assert corpus.split_sentences_by_rules(TRICKY_TEXT) == [
         "Dr. Smith arrived at 3.30 p.m. on Monday.",
         'He said "Stop!"',
         "Then he left, e.g. for lunch, i.e. at noon.",
@@ -159,8 +161,41 @@ def test_split_sentences_on_tricky_text():
         "(Parenthetical.)",
         "2020 was a year... the end? no",
     ]
+    assert corpus.split_sentences_by_rules("  \n ") == []
+    assert corpus.split_sentences_by_rules("No final stop") == ["No final stop"]
+
+
+def test_split_sentences_of_user_corpora_on_tricky_text():
+    # sentencex: abbreviations, initials, decimals, prices and quotes as the rules have them, and it also ends a
+    # sentence before a lower-case word ("no") where the rules cannot tell.
+    assert corpus.split_sentences(TRICKY_TEXT) == [
+        "Dr. Smith arrived at 3.30 p.m. on Monday.",
+        'He said "Stop!"',
+        "Then he left, e.g. for lunch, i.e. at noon.",
+        "Was it late?",
+        "Yes!!",
+        "Mr. J. Doe paid $4.50 etc. for the U.S. version.",
+        '"Quoted start."',
+        "(Parenthetical.) 2020 was a year... the end?",
+        "no",
+    ]
     assert corpus.split_sentences("  \n ") == []
     assert corpus.split_sentences("No final stop") == ["No final stop"]
+
+
+@pytest.mark.parametrize("text, sentences", [
+    # Cases the rules get wrong (the first three) and ones both must keep whole.
+    ("I live in the U.S. How about you?", ["I live in the U.S.", "How about you?"]),
+    ("the model was trained for a week. it converged quickly.",
+     ["the model was trained for a week.", "it converged quickly."]),
+    ("今天天气很好。我们去公园吧！你觉得怎么样？", ["今天天气很好。", "我们去公园吧！", "你觉得怎么样？"]),
+    ("Er war z. B. sehr müde. Dann ging er.", ["Er war z. B. sehr müde.", "Dann ging er."]),
+    ("Pi is about 3.14159. The value of e is 2.718.", ["Pi is about 3.14159.", "The value of e is 2.718."]),
+    ('"Are you coming?" she asked. "No."', ['"Are you coming?" she asked.', '"No."']),
+    ("Version 2.0 ships in Jan. 2025. It is late.", ["Version 2.0 ships in Jan. 2025.", "It is late."]),
+])
+def test_split_sentences_of_user_corpora_on_hard_cases(text, sentences):
+    assert corpus.split_sentences(text) == sentences
 
 
 def test_paragraphs_format_makes_one_document_per_file(tmp_path):

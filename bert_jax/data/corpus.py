@@ -175,6 +175,13 @@ def _iter_paragraph_documents(files: list[str], stats: CorpusStats) -> Iterator[
 # ---------------------------------------------------------------------------------------------------------------
 # Sentence splitting
 
+
+def split_sentences(paragraph: str) -> list[str]:
+    """The sentences of a paragraph of a user corpus, by sentencex (bert_jax.data.sentences, docs/data.md)."""
+    from bert_jax.data import sentences  # pylint: disable=import-outside-toplevel
+    return sentences.split_sentences(paragraph)
+
+
 # Words that end with a period without ending the sentence. Compared in lower case, without the final period.
 _ABBREVIATIONS = frozenset(
     "mr mrs ms dr prof sr jr st mt vs etc e.g i.e cf al fig figs eq eqs vol vols approx ca resp dept inc ltd "
@@ -186,8 +193,11 @@ _CANDIDATE_END = re.compile(rf"[.!?]+[{re.escape(_CLOSERS)}]*\s+")
 _MULTI_INITIALS = re.compile(r"(?:[^\W\d_]\.)+[^\W\d_]")  # U.S, e.g, p.m: the token before the final period
 
 
-def split_sentences(paragraph: str) -> list[str]:
+def split_sentences_by_rules(paragraph: str) -> list[str]:
     """Splits prose into sentences with a small rule set; whitespace runs become single spaces.
+
+    The demo corpus is built with these rules, as it is built without third-party packages (and its figures are
+    pinned); user corpora go through `split_sentences`, more accurate and faster (docs/data.md, Sentence splitting).
 
     A sentence ends after '.', '!' or '?' (possibly repeated, possibly followed by closing quotes or brackets) when
     whitespace and then an upper-case letter, a digit or an opening quote follow. A period does not end a sentence
@@ -196,8 +206,7 @@ def split_sentences(paragraph: str) -> list[str]:
 
     Limits: English rules only; a sentence that really does end with an abbreviation or an initial is joined to the
     next one; a sentence starting with a lower-case letter is joined to the previous one; scripts without spaces
-    between sentences (Chinese, Japanese) are not split. For corpora where this matters, pre-split the text into
-    the one-sentence-per-line layout with a proper segmenter.
+    between sentences (Chinese, Japanese) are not split.
     """
     text = " ".join(paragraph.split())
     sentences, start = [], 0
@@ -441,7 +450,7 @@ def _prose_sentences(text: str) -> list[str]:
     """The sentences of a help text's prose paragraphs; headings, code, grammar rules and tables are left out."""
     sentences = []
     for paragraph in _prose_paragraphs(text):
-        sentences.extend(sentence for sentence in split_sentences(paragraph) if _looks_like_prose(sentence))
+        sentences.extend(sentence for sentence in split_sentences_by_rules(paragraph) if _looks_like_prose(sentence))
     return sentences
 
 

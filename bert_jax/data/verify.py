@@ -173,11 +173,10 @@ class _Layout:
         for field in ("max_seq_length", "max_predictions_per_seq"):
             if metadata is not None and field in metadata:
                 lengths.setdefault(field, metadata[field])
-        for name, (_, length) in found.items():
-            field = tfrecord.LENGTH_FIELDS.get(name)
-            if field in lengths and length != lengths[field]:
-                source = "metadata.json" if field not in self._lengths else "--" + field
-                return f"feature {name!r} has length {length}, but {source} says {field}={lengths[field]}"
+        for name, field in tfrecord.LENGTH_FIELDS.items():
+            if name in found and field in lengths and found[name][1] != lengths[field]:
+                source = f"metadata.json says {field}=" if field not in self._lengths else f"--{field}="
+                return f"feature {name!r} has length {found[name][1]}, but {source}{lengths[field]}"
         if self.reference is None:
             self.reference = found
         elif found != self.reference:
@@ -288,10 +287,10 @@ def _metadata_by_shard(files: list[str]) -> dict[str, dict]:
 
 
 def verify(patterns: str, *, max_seq_length: int | None = None, max_predictions_per_seq: int | None = None,
-           out=sys.stdout) -> bool:
+           out=None) -> bool:
     """Verifies the shards `patterns` names (directories or globs, comma-separated), printing a line per damaged
     shard and a summary to `out`; True if every shard is whole."""
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel  (the layout check parses the records)
+    out = out or sys.stdout
     started = time.perf_counter()
     files, problems = shard_files(patterns)
     for problem in problems:
@@ -299,6 +298,7 @@ def verify(patterns: str, *, max_seq_length: int | None = None, max_predictions_
     if not files:
         print(f"no shards in {patterns}", file=out)
         return False
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel  (the layout check parses the records)
     lengths = {field: value for field, value in (("max_seq_length", max_seq_length),
                                                  ("max_predictions_per_seq", max_predictions_per_seq)) if value}
     layout, by_shard = _Layout(tf, lengths), _metadata_by_shard(files)

@@ -63,6 +63,7 @@ def walk_records(path: str, *, start: int = 0, chunk_size: int = 1 << 22) -> Ite
         if start:
             file.seek(start)
         buffer, position = b"", 0  # from here on `start` is the file offset of buffer[0]
+        unpack_header, unpack_crc, crc = _HEADER.unpack_from, _CRC.unpack_from, _masked_crc  # a few % per record
         while True:
             if len(buffer) - position < 12:
                 more = file.read(chunk_size)
@@ -71,8 +72,8 @@ def walk_records(path: str, *, start: int = 0, chunk_size: int = 1 << 22) -> Ite
                     return
                 if len(buffer) < 12:
                     raise _cut_short(path, start, start + len(buffer), None)
-            length, length_crc = _HEADER.unpack_from(buffer, position)
-            if length_crc != _masked_crc(buffer[position:position + 8]):
+            length, length_crc = unpack_header(buffer, position)
+            if length_crc != crc(buffer[position:position + 8]):
                 raise _length_crc_mismatch(path, start + position, _file_size(file))
             end = position + length + _FRAMING_BYTES
             if end > len(buffer):
@@ -81,7 +82,7 @@ def walk_records(path: str, *, start: int = 0, chunk_size: int = 1 << 22) -> Ite
                 if end > len(buffer):
                     raise _cut_short(path, start, start + len(buffer), length + _FRAMING_BYTES)
             data = buffer[position + 12:end - 4]
-            if _CRC.unpack_from(buffer, end - 4)[0] != _masked_crc(data):
+            if unpack_crc(buffer, end - 4)[0] != crc(data):
                 raise FramingError(path, start + position, _file_size(file),
                                    f"data CRC mismatch: the data of the record at byte {start + position} fails its "
                                    "CRC (a corrupted byte)")

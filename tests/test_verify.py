@@ -80,7 +80,7 @@ def test_a_shard_cut_short_or_with_a_bad_length_fails_at_start_up(tmp_path, dama
 
 
 def test_a_flipped_data_byte_mid_run_names_the_shard_not_a_data_loss_traceback(tmp_path):
-    (_, _), (bad, offsets) = _shards(tmp_path)
+    (good, _), (bad, offsets) = _shards(tmp_path)
     _flip(bad, offsets[50] + 12 + 5)  # inside the data: the header walk at start-up passes it
     batches = input_pipeline.make_iterator(_data_config(f"{tmp_path}/*.tfrecord"), split="train", batch_size=4,
                                            vocab_size=30522, seed=0)
@@ -91,6 +91,8 @@ def test_a_flipped_data_byte_mid_run_names_the_shard_not_a_data_loss_traceback(t
     assert message.startswith(f"damaged shard {bad}: data CRC mismatch: the data of the record at byte "
                               f"{offsets[50]} fails its CRC"), message
     assert FIX in message
+    # Without TF's byte (another message), every record is read to find it.
+    assert verify.locate_damage([good, bad], "unexpected end", flag="--flag").offset == offsets[50]
 
 
 def test_the_verify_command_names_each_damaged_shard_and_exits_1(tmp_path, capsys):

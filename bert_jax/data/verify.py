@@ -94,27 +94,24 @@ def locate_damage(files: Sequence[str], reason: str, *, flag: str) -> DamagedSha
     record at N of each file that has one there (TF's N is its start, or its data's 12 bytes later)."""
     match = _TF_OFFSET.search(reason)
     offset = int(match.group(2)) if match else None
-    local = [path for path in files if not fileio.is_remote(path)]
-    at_offset = [path for path in files if fileio.is_remote(path)]  # walked in full (below)
-    for path in local:
+    to_read = [(path, 0) for path in files if fileio.is_remote(path)]  # no cheap header walk there: read from 0
+    for path in (path for path in files if not fileio.is_remote(path)):
         if offset is not None and os.path.getsize(path) <= offset:
             continue
         try:
             for start in record_framing.record_offsets(path):
-                if offset is not None and start in (offset, offset - 12):
-                    at_offset.append((path, start))
+                if offset is not None and start in (offset - 12, offset):
+                    to_read.append((path, start))
                 if offset is not None and start >= offset:
                     break
-            else:
-                if offset is None:
-                    at_offset.append((path, 0))
         except record_framing.FramingError as error:
             return _damaged(error, flag)
-    for entry in at_offset:
-        path, start = entry if isinstance(entry, tuple) else (entry, 0)
+        if offset is None:
+            to_read.append((path, 0))
+    for path, start in to_read:
         try:
             for record_start, _ in record_framing.walk_records(path, start=start):
-                if offset is None or record_start >= offset - 12:
+                if offset is not None and record_start >= offset - 12:
                     break
         except record_framing.FramingError as error:
             return _damaged(error, flag)
@@ -295,7 +292,8 @@ def verify(patterns: str, *, max_seq_length: int | None = None, max_predictions_
     for problem in problems:
         print(problem, file=out)
     if not files:
-        print(f"no shards in {patterns}", file=out)
+        print(f"no shards in {patterns}: a directory's are its *.tfrecord* files and those its metadata.json lists; "
+              "name others with a glob", file=out)
         return False
     import tensorflow as tf  # pylint: disable=import-outside-toplevel  (the layout check parses the records)
     started = time.perf_counter()  # after TensorFlow's import (seconds), to give the reading's own rate

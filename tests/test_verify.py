@@ -124,6 +124,7 @@ def test_whole_shards_verify_with_a_summary_and_exit_0(tmp_path, capsys):
     output = capsys.readouterr().out.splitlines()
     assert len(output) == 1 and output[0].startswith(f"verified 2 shard(s): {2 * RECORDS} records, ")
     assert output[0].endswith("all whole")
+    assert verify.main([str(tmp_path), "--framing_only"]) == 0 and "all whole" in capsys.readouterr().out
     # The configured length the run will read is held to the data's.
     assert verify.main([str(tmp_path), f"--max_seq_length={SEQ * 2}"]) == 1
     assert f"feature 'input_ids' has length {SEQ}, but --max_seq_length={SEQ * 2}" in capsys.readouterr().out

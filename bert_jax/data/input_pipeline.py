@@ -235,6 +235,8 @@ class TFRecordBatches:
 
     The position is tf.data's own iterator checkpoint (file order, shuffle buffer, prefetched batches, the batch
     counter that seeds dynamic masks), so a restored iterator yields exactly the batches the original would have.
+    A record cut short or failing a CRC (TF's DataLossError names no file) is raised as bert_jax.data.verify's
+    DamagedShardError, naming the shard among `files()` (default: every file of `source`), its byte and the fix.
     """
 
     def __init__(self, dataset: tf.data.Dataset, *, vocab_size: int, source: str, files=None,
@@ -356,7 +358,9 @@ def make_iterator(data_config, *, split: str, batch_size: int, vocab_size: int, 
             pad_final_batch=not training,
         )
         flag = _INPUT_FILES_FLAG if training else _EVAL_INPUT_FILES_FLAG
-        files = lambda: _this_process_files(expand_globs(patterns, flag=flag), process_index, process_count)[0]
+
+        def files():  # asked only when a shard turns out damaged
+            return _this_process_files(expand_globs(patterns, flag=flag), process_index, process_count)[0]
         return TFRecordBatches(dataset, vocab_size=vocab_size, source=patterns, files=files, flag=flag)
     raise ValueError(f"unknown --config.data.source={data_config.source!r}; choose 'synthetic' or 'tfrecord'")
 

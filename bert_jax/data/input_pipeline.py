@@ -25,6 +25,7 @@ from bert_jax.data import packing as packing_lib
 from bert_jax.data import synthetic
 from bert_jax.data.synthetic import SyntheticBatches, synthetic_batch, synthetic_batches  # noqa: F401  (re-exported)
 from bert_jax.data import tfrecord
+from bert_jax.data import verify
 from bert_jax.data.masking import CLS_ID, MASK_ID, PAD_ID, SEP_ID  # noqa: F401  (re-exported for callers)
 from bert_jax.data.masking import check_masking_args, dynamic_mask, restore_original_tokens
 
@@ -128,6 +129,7 @@ def tfrecord_dataset(patterns: str, *, batch_size: int, max_seq_length: int, max
         logging.warning("input %s: the records carry static masks, so whole-word masking has no effect", patterns)
 
     files, shard_records = _this_process_files(files, process_index, process_count)
+    verify.check_framing(files, flag=flag)  # a shard cut short fails here, not steps into the run
     logging.info("input %s: process %d/%d reads %d file(s)%s, %s records, %s masking", patterns, process_index,
                  process_count, len(files), " and shards records" if shard_records else "", layout,
                  "dynamic" if dynamic else "static")
@@ -233,19 +235,28 @@ class TFRecordBatches:
 
     The position is tf.data's own iterator checkpoint (file order, shuffle buffer, prefetched batches, the batch
     counter that seeds dynamic masks), so a restored iterator yields exactly the batches the original would have.
+    A record cut short or failing a CRC (TF's DataLossError names no file) is raised as bert_jax.data.verify's
+    DamagedShardError, naming the shard among `files()` (default: every file of `source`), its byte and the fix.
     """
 
-    def __init__(self, dataset: tf.data.Dataset, *, vocab_size: int, source: str):
+    def __init__(self, dataset: tf.data.Dataset, *, vocab_size: int, source: str, files=None,
+                 flag: str = _INPUT_FILES_FLAG):
         self._iterator = iter(dataset)
         self._vocab_size = vocab_size
         self._source = source
+        self._files = files  # a callable giving the files this process reads: asked only when one is damaged
+        self._flag = flag
         self.position = 0
 
     def __iter__(self):
         return self
 
     def __next__(self) -> dict[str, np.ndarray]:
-        batch = {name: value.numpy() for name, value in next(self._iterator).items()}
+        try:
+            batch = {name: value.numpy() for name, value in next(self._iterator).items()}
+        except tf.errors.DataLossError as error:  # a record cut short or failing a CRC; TF names no file
+            files = self._files() if self._files is not None else expand_globs(self._source, flag=self._flag)
+            raise verify.damaged_shard_error(files, error.message, source=self._source, flag=self._flag) from None
         check_batch(batch, vocab_size=self._vocab_size, source=self._source)
         self.position += 1
         return batch
@@ -346,7 +357,11 @@ def make_iterator(data_config, *, split: str, batch_size: int, vocab_size: int, 
             packing=packing,
             pad_final_batch=not training,
         )
-        return TFRecordBatches(dataset, vocab_size=vocab_size, source=patterns)
+        flag = _INPUT_FILES_FLAG if training else _EVAL_INPUT_FILES_FLAG
+
+        def files():  # asked only when a shard turns out damaged
+            return _this_process_files(expand_globs(patterns, flag=flag), process_index, process_count)[0]
+        return TFRecordBatches(dataset, vocab_size=vocab_size, source=patterns, files=files, flag=flag)
     raise ValueError(f"unknown --config.data.source={data_config.source!r}; choose 'synthetic' or 'tfrecord'")
 
 
@@ -382,5 +397,6 @@ def check_eval_files(data_config, *, mode: str = "train") -> list[str]:
     layout = tfrecord.check_record_layout(files[0], lengths["max_seq_length"], lengths["max_predictions_per_seq"],
                                           describe_lengths=describe)
     tfrecord.check_one_layout(files, layout, flag)
+    verify.check_framing(files, flag=flag)
     _use_dynamic_masking(data_config.get("masking", "auto"), layout, flag)
     return files

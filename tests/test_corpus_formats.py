@@ -104,9 +104,21 @@ def test_parquet_row_group_batches_give_the_documents_of_a_whole_read(tmp_path, 
     assert pq.ParquetFile(path).num_row_groups == 7
     monkeypatch.setattr(corpus_formats, "_PARQUET_BATCH_ROWS", 3)  # batches end inside row groups
     whole = pq.read_table(path).column("text").to_pylist()
-    expected = [document for document in map(corpus._record_document, whole) if document]  # pylint: disable=protected-access
+    record_document = corpus._record_document  # pylint: disable=protected-access
+    expected = [document for document in map(record_document, whole) if document]
     assert list(corpus.iter_documents(path)) == expected
     assert len(expected) == 42 and expected[0] == ["Record 1 opens here.", "Its line two.", "A third line 1."]
+
+
+def test_remote_files_stream_through_fileio(tmp_path):
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    documents = _documents()
+    paths = _write_formats(tmp_path, documents)
+    # ram:// goes through tf.io.gfile as gs:// does: globbed, and Parquet read by seeking in a GFile.
+    remote = f"ram://{tmp_path.name}"
+    for name in ("corpus.parquet", "corpus.jsonl.zst", "corpus.tsv"):
+        tf.io.gfile.copy(paths[name], f"{remote}/{name}")
+    assert list(corpus.iter_documents(f"{remote}/corpus.*")) == documents * 3
 
 
 def _bad_cases(tmp_path):
@@ -231,8 +243,9 @@ def test_the_driver_makes_its_data_from_json_lines(tmp_path):
     old = {key: value for key, value in ready["settings"].items() if key not in ("corpus_field", "skip_bad_records")}
     text_config = pretrain.get_config("size=tiny,data=corpus")
     text_config.data.corpus = paths["corpus.txt"]
-    assert workdir._saved_settings({**old, "corpus_format": "lines"}, text_config)["corpus_format"] == "auto"  # pylint: disable=protected-access
-    assert workdir._saved_settings({**old, "corpus_format": "lines"}, config)["corpus_format"] == "lines"  # pylint: disable=protected-access
+    saved_settings = workdir._saved_settings  # pylint: disable=protected-access
+    assert saved_settings({**old, "corpus_format": "lines"}, text_config)["corpus_format"] == "auto"
+    assert saved_settings({**old, "corpus_format": "lines"}, config)["corpus_format"] == "lines"  # records differ
     for field, value, message in (("corpus_format", "xml", "--config.data.corpus_format='xml'"),
                                   ("corpus_field", "", "--config.data.corpus_field=''")):
         bad = pretrain.get_config("size=tiny,data=corpus")

@@ -79,9 +79,8 @@ def open_decompressed(path: str):
 
     A compressed or Parquet file under another name is refused: its bytes would be read as text.
     """
-    from bert_jax import fileio  # pylint: disable=import-outside-toplevel
     _, compression = _split_compression(path)
-    with fileio.open_file(path, "rb") as raw:
+    with _open_binary(path) as raw:
         head = raw.read(8)
         raw.seek(0)
         if compression is None:
@@ -99,6 +98,15 @@ def open_decompressed(path: str):
             decompressor = zstandard.ZstdDecompressor(max_window_size=1 << 31)
             with decompressor.stream_reader(raw, read_across_frames=True, closefd=False) as stream:
                 yield stream
+
+
+@contextlib.contextmanager
+def _open_binary(path: str):
+    from bert_jax import fileio  # pylint: disable=import-outside-toplevel
+    with fileio.open_file(path, "rb") as file:
+        # Remote files (gs:// and every scheme TensorFlow reads) as a regular file object: text wrappers and pyarrow
+        # read them so.
+        yield _SeekableReader(file) if fileio.is_remote(path) else file
 
 
 def check_text_head(path: str, head: bytes, text_format: str) -> None:
@@ -248,8 +256,8 @@ def _parquet_texts(path: str, field: str, bad: _BadRecords, _layout: str) -> Ite
     pyarrow = _import("pyarrow", "pyarrow", path)
     import pyarrow.parquet as parquet  # pylint: disable=import-outside-toplevel
     with contextlib.ExitStack() as stack:
-        # Remote files through fileio (gs:// and every scheme TensorFlow reads); pyarrow seeks in them.
-        source = stack.enter_context(fileio.open_file(path, "rb")) if fileio.is_remote(path) else path
+        # A local path lets pyarrow read with its own (memory-mapped) files; remote ones are seeked in through fileio.
+        source = stack.enter_context(_open_binary(path)) if fileio.is_remote(path) else path
         try:
             parquet_file = stack.enter_context(parquet.ParquetFile(source))
         except pyarrow.ArrowInvalid as error:
@@ -278,6 +286,33 @@ def _parquet_texts(path: str, field: str, bad: _BadRecords, _layout: str) -> Ite
                     else:
                         yield text
                     row += 1
+
+
+class _SeekableReader(io.RawIOBase):
+    """A tf.io.gfile.GFile as a regular binary file object (GFile lacks `closed` and `readable`, and its seek returns
+    nothing)."""
+
+    def __init__(self, file):
+        super().__init__()
+        self._file = file
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        data = self._file.read(len(buffer))
+        buffer[:len(data)] = data
+        return len(data)
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        self._file.seek(offset, whence)
+        return self._file.tell()
+
+    def tell(self) -> int:
+        return self._file.tell()
 
 
 def _is_string_type(pyarrow, column_type) -> bool:

@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
+from bert_jax import record_framing
 from bert_jax.data import corpus
 from bert_jax.data import corpus_formats
 from bert_jax.data import create
@@ -58,6 +59,7 @@ def _write_formats(directory, documents):
              "corpus.jsonl.zst": zstandard.ZstdCompressor().compress(jsonl),
              "corpus.csv": _csv_bytes(texts, ","), "corpus.csv.zst": zstandard.ZstdCompressor().compress(
                  _csv_bytes(texts, ",")), "corpus.tsv": _csv_bytes(texts, "\t")}
+    files["corpus.txt.zst"] = zstandard.ZstdCompressor().compress(files["corpus.txt"])
     paths = {}
     for name, data in files.items():
         paths[name] = str(directory / name)
@@ -157,10 +159,14 @@ def _write_bad_csvs(tmp_path):
     (tmp_path / "short.tsv").write_text("id\ttext\n1\tGood one here.\n2\n", encoding="utf-8")
 
 
-def test_each_bad_record_stops_the_run_with_one_message_and_nothing_written(tmp_path):
+def test_each_bad_record_stops_the_run_with_one_message_and_nothing_written(tmp_path, monkeypatch):
     _write_bad_csvs(tmp_path)
+    framed = []
+    frame_record = record_framing.frame_record
+    monkeypatch.setattr(record_framing, "frame_record", lambda record: framed.append(record) or frame_record(record))
     for index, (path, parts) in enumerate(_bad_cases(tmp_path)):
         output_dir = tmp_path / f"out{index}"
+        framed.clear()
         # A chunk per document: the first chunks' records are in the (hidden) shards when the bad record is met.
         with pytest.raises(corpus_formats.BadRecordError) as raised:
             create.create_pretraining_data(path, VOCAB, str(output_dir), OPTIONS, num_shards=2, num_workers=0,
@@ -169,6 +175,7 @@ def test_each_bad_record_stops_the_run_with_one_message_and_nothing_written(tmp_
         for part in [repr(path), *parts, "--skip_bad_records"]:
             assert part in message, (path, message)
         assert not os.listdir(output_dir), f"{path}: a failed run left {os.listdir(output_dir)}"
+        assert framed or "nocolumn" in path or "ints" in path, f"{path}: nothing was written before the bad record"
 
 
 def test_skip_bad_records_skips_counts_and_warns_once_per_file(tmp_path, caplog):
@@ -206,9 +213,11 @@ def test_files_that_are_not_what_their_names_say_are_refused(tmp_path):
         list(corpus.iter_documents(str(tmp_path / "gzip.txt")))
     # Binary data (NUL bytes) is refused even as explicit "lines"; JSON-looking lines are read when asked to.
     (tmp_path / "utf16.txt").write_bytes("Some text.\n".encode("utf-16"))
-    with pytest.raises(corpus_formats.UnknownFileFormatError, match="NUL bytes"):
+    with pytest.raises(corpus_formats.UnknownFileFormatError, match="11 of its first 24 bytes are NUL bytes"):
         list(corpus.iter_documents(str(tmp_path / "utf16.txt"), text_format="lines"))
     assert list(corpus.iter_documents(str(tmp_path / "records.txt"), text_format="lines"))[0][0].startswith('{"id"')
+    (tmp_path / "stray.txt").write_bytes(b"A stray \x00 in crawled text.\n" + b"Is still text.\n" * 10)
+    assert len(list(corpus.iter_documents(str(tmp_path / "stray.txt")))[0]) == 11
 
 
 def test_the_command_line_prints_one_message_for_a_bad_record(tmp_path):

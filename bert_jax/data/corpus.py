@@ -91,7 +91,8 @@ def _counted(documents: Iterable[list[str]], source: str, stats: CorpusStats) ->
         yield document
     if not yielded:
         raise EmptyCorpusError(f"corpus source {source!r} holds no documents: it has no non-blank line of text "
-                         f"({stats.skipped_lines} lines were not valid UTF-8). Point it at a non-empty corpus.")
+                         f"({stats.skipped_lines} lines were not valid UTF-8, {stats.bad_records} bad records were "
+                               "skipped). Point it at a non-empty corpus.")
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -116,10 +116,12 @@ def check_text_head(path: str, head: bytes, text_format: str) -> None:
     """
     if head.startswith(b"PAR1"):
         raise UnknownFileFormatError(f"corpus file {path!r} holds a Parquet file, not text: store it as *.parquet")
-    if b"\x00" in head:
+    # A stray NUL turns up in crawled text; binary data and UTF-16 text are full of them.
+    nuls = head.count(b"\x00")
+    if nuls > len(head) // 100:
         raise UnknownFileFormatError(
-            f"corpus file {path!r} holds NUL bytes within its first {len(head)} bytes: it is binary (or UTF-16) "
-            "data, not UTF-8 text. Convert it to UTF-8 text, JSON Lines or Parquet")
+            f"corpus file {path!r}: {nuls} of its first {len(head)} bytes are NUL bytes: it is "
+            "binary (or UTF-16) data, not UTF-8 text. Convert it to UTF-8 text, JSON Lines or Parquet")
     if text_format == "auto":
         first_line = next((line.strip() for line in head.split(b"\n") if line.strip()), b"")
         cut_off = b"\n" not in head.lstrip()
@@ -216,39 +218,36 @@ def _jsonl_texts(path: str, field: str, bad: _BadRecords, _layout: str) -> Itera
 
 
 def _csv_texts(path: str, field: str, bad: _BadRecords, layout: str) -> Iterator[str]:
-    limit = csv.field_size_limit()
-    # The module-wide limit (128 KiB a field by default) would reject long documents; raised while reading only.
-    csv.field_size_limit(2**31 - 1)
-    try:
-        with open_decompressed(path) as stream:
-            # utf-8-sig: spreadsheet exports start with a byte-order mark, which would rename the first column.
-            text_stream = io.TextIOWrapper(stream, encoding="utf-8-sig", newline="")
-            reader = csv.reader(text_stream, delimiter="\t" if layout == "tsv" else ",")
-            try:
-                header = next(reader, None)
-                if header is None:
-                    return  # an empty file: no records, none of them bad
-                if field not in header:
-                    rows = sum(1 for row in reader if row)
-                    columns = ", ".join(repr(name) for name in header[:20])
-                    bad("line 1 (the header)", f"no column {field!r} (its columns: {columns or 'none'}), so all "
-                        f"{rows} rows are bad records", count=rows)
-                    return
-                column = header.index(field)
-                for row in reader:
-                    if not row:
-                        continue  # a blank line
-                    if column < len(row):
-                        yield row[column]
-                    else:
-                        bad(f"line {reader.line_num}", f"the row has {len(row)} fields, none in column {field!r}")
-            except (csv.Error, UnicodeDecodeError) as error:
-                # Past here the file's rows cannot be told apart again, so even a skipping run stops.
-                raise BadRecordError(f"corpus file {path!r}, line {reader.line_num + 1}: not readable as {layout} "
-                                     f"({error}). Fix the file (UTF-8, one header row), or pass its format "
-                                     f"({_FORMAT_FLAGS})") from None
-    finally:
-        csv.field_size_limit(limit)
+    # The module-wide limit (128 KiB a field by default) would reject long documents. Raised, never lowered again:
+    # readers in other threads (Beam's) may be reading long fields at the time.
+    csv.field_size_limit(max(csv.field_size_limit(), 2**31 - 1))
+    with open_decompressed(path) as stream:
+        # utf-8-sig: spreadsheet exports start with a byte-order mark, which would rename the first column.
+        text_stream = io.TextIOWrapper(stream, encoding="utf-8-sig", newline="")
+        reader = csv.reader(text_stream, delimiter="\t" if layout == "tsv" else ",")
+        try:
+            header = next(reader, None)
+            if header is None:
+                return  # an empty file: no records, none of them bad
+            if field not in header:
+                rows = sum(1 for row in reader if row)
+                columns = ", ".join(repr(name) for name in header[:20])
+                bad("line 1 (the header)", f"no column {field!r} (its columns: {columns or 'none'}), so all "
+                    f"{rows} rows are bad records", count=rows)
+                return
+            column = header.index(field)
+            for row in reader:
+                if not row:
+                    continue  # a blank line
+                if column < len(row):
+                    yield row[column]
+                else:
+                    bad(f"line {reader.line_num}", f"the row has {len(row)} fields, none in column {field!r}")
+        except (csv.Error, UnicodeDecodeError) as error:
+            # Past here the file's rows cannot be told apart again, so even a skipping run stops.
+            raise BadRecordError(f"corpus file {path!r}, line {reader.line_num + 1}: not readable as {layout} "
+                                 f"({error}). Fix the file (UTF-8, one header row), or pass its format "
+                                 f"({_FORMAT_FLAGS})") from None
 
 
 def _parquet_texts(path: str, field: str, bad: _BadRecords, _layout: str) -> Iterator[str]:

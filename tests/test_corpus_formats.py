@@ -56,7 +56,8 @@ def _write_formats(directory, documents):
                     for index, text in enumerate(texts)).encode("utf-8")
     files = {"corpus.txt": "".join("\n".join(document) + "\n\n" for document in documents).encode("utf-8"),
              "corpus.jsonl": jsonl, "corpus.jsonl.gz": gzip.compress(jsonl),
-             "corpus.jsonl.zst": zstandard.ZstdCompressor().compress(jsonl),
+             # Two frames, as parallel compressors (zstd -T, pzstd) write them: one stream.
+             "corpus.jsonl.zst": b"".join(map(zstandard.ZstdCompressor().compress, (jsonl[:100], jsonl[100:]))),
              "corpus.csv": _csv_bytes(texts, ","), "corpus.csv.zst": zstandard.ZstdCompressor().compress(
                  _csv_bytes(texts, ",")), "corpus.tsv": _csv_bytes(texts, "\t")}
     files["corpus.txt.zst"] = zstandard.ZstdCompressor().compress(files["corpus.txt"])

@@ -1,15 +1,12 @@
 """Corpus sources for pretraining-data creation: documents as lists of sentence strings, streamed in a fixed order.
 
 `iter_documents(source)` reads one of:
-  * comma-separated file globs, local or gs:// (`.gz` and `.zst` files are decompressed on the fly). With
-    text_format="lines" (the original google-research/bert layout) every stripped line is a sentence and a blank
-    line ends a document; as in the original reader, a file that does not end with a blank line carries its last
-    document into the next. With text_format="paragraphs" each file is one document of plain prose: blank lines
-    separate paragraphs, whose lines are joined and cut into sentences by `split_sentences`.
-    JSON Lines, Parquet and CSV/TSV files (bert_jax.data.corpus_formats) hold one document per record, its text in
-    the field `text_field`; each line of that text is a paragraph, cut into sentences by `split_sentences`.
-    text_format="auto" (the default) picks the layout of each file by its name, and refuses a file whose bytes
-    are not the text its name promises.
+  * comma-separated file globs, local or gs:// (`.gz`, `.zst` decompressed on the fly), each file's layout by its
+    name (text_format="auto"; bert_jax.data.corpus_formats) or text_format. "lines" (the original layout): every
+    stripped line is a sentence, a blank line ends a document, and as in the original reader a file that does not
+    end with a blank line carries its last document into the next. "paragraphs": each file is a document of prose,
+    blank lines separate paragraphs, whose lines are joined and cut into sentences by `split_sentences`. JSON Lines,
+    Parquet, CSV/TSV: a document per record, each line of its `text_field` a paragraph cut by `split_sentences`.
   * "tfds:NAME[:SPLIT][:FIELD]", e.g. "tfds:wiki40b/en:train:text": one document per example of an already
     prepared TensorFlow Datasets dataset (never downloaded from here).
   * "demo": an English corpus built offline from CPython's own help topics and standard-library docstrings.

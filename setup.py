@@ -26,6 +26,9 @@ INSTALL_REQUIRES = [
     "seqeval>=1.2.2,<1.3",  # entity-level precision / recall / F1 of token classification (CoNLL's definition)
     "scikit-learn>=1.9,<2",  # GLUE's classification metrics (Matthews correlation, F1, accuracy): tasks/glue_metrics
     "scipy>=1.17,<2",  # GLUE's STS-B Pearson and Spearman correlations: tasks/glue_metrics
+    # Parquet corpora, streamed by row group (bert_jax.data.corpus_formats); 25 is what the beam extra's Beam takes.
+    "pyarrow>=25.0.1,<27",
+    "zstandard>=0.25.0,<0.26",  # .zst-compressed corpora (C4, The Pile)
 ]
 
 EXTRAS_REQUIRE = {

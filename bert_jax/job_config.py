@@ -23,6 +23,7 @@ from bert_jax import model as model_lib
 from bert_jax import optim
 from bert_jax import sharding as sharding_lib
 from bert_jax import tasks
+from bert_jax.data import corpus
 from bert_jax.data import finetune_data
 from bert_jax.data import glue as glue_data
 from bert_jax.data import packing
@@ -197,7 +198,12 @@ def _validate_pretraining_data(config, bert_config: model_lib.BertConfig, mode: 
     if data.source not in ("corpus", "synthetic", "tfrecord"):
         raise ValueError(f"--config.data.source={data.source!r}: choose 'corpus', 'synthetic' or 'tfrecord'")
     if data.source == "corpus" and not data.corpus:
-        raise ValueError("--config.data.source=corpus needs --config.data.corpus (text globs, tfds:NAME or demo)")
+        raise ValueError("--config.data.source=corpus needs --config.data.corpus (file globs, tfds:NAME or demo)")
+    if data.source == "corpus" and data.corpus_format not in corpus.TEXT_FORMATS:
+        raise ValueError(f"--config.data.corpus_format={data.corpus_format!r}: choose one of {corpus.TEXT_FORMATS}")
+    if data.source == "corpus" and not (isinstance(data.corpus_field, str) and data.corpus_field):
+        raise ValueError(f"--config.data.corpus_field={data.corpus_field!r}: name the JSON Lines field or the "
+                         "Parquet / CSV column that holds each record's text (default 'text')")
     if mode == "train" and data.source == "tfrecord" and not data.input_files:
         raise ValueError("--config.data.source=tfrecord needs --config.data.input_files=GLOB[,GLOB...]")
     packing.validate_config(data)

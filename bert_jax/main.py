@@ -92,17 +92,11 @@ def _log_results(results: dict[str, float]) -> None:
 
 # User errors (a bad flag, field, file or path), a diverged run and a failed save (a full disk). The driver prints
 # the message alone (it names the flag, file or path and the fix); --verbosity=1 adds the traceback.
-USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError,
-               PermissionError, divergence.DivergenceError, checkpoint.CheckpointSaveError)
+USER_ERRORS = runtime.USER_ERRORS + (divergence.DivergenceError, checkpoint.CheckpointSaveError)
 
 
 def _main_reporting_user_errors(argv):
-    try:
-        main(argv)
-    except USER_ERRORS as error:
-        logging.debug("traceback of the error below", exc_info=True)
-        sys.stderr.write(f"bert_jax: error: {error}\n")
-        sys.exit(1)
+    runtime.run_reporting_user_errors(main, argv, USER_ERRORS)
 
 
 def _parse_flags(argv):

@@ -193,8 +193,12 @@ def pretraining_config(size: str = "tiny", data_source: str = "corpus", arch: st
     config.data = data = ml_collections.ConfigDict()
     data.source = data_source  # "corpus" (make data from data.corpus first), "tfrecord" or "synthetic"
     # With source=corpus: pretraining data is made once into WORKDIR/data (reused by later runs in the workdir).
-    data.corpus = "demo"  # comma-separated text globs (local or gs://), "tfds:NAME[:SPLIT][:FIELD]", or "demo"
-    data.corpus_format = "lines"  # "lines" (one sentence per line, blank line between documents) or "paragraphs"
+    data.corpus = "demo"  # comma-separated file globs (local or gs://), "tfds:NAME[:SPLIT][:FIELD]", or "demo"
+    # "auto" (by file name: .jsonl/.json/.ndjson, .parquet, .csv, .tsv, +.gz/.zst; else "lines"), "lines" (one
+    # sentence per line, blank line between documents), "paragraphs" (prose files), "jsonl", "parquet", "csv", "tsv"
+    data.corpus_format = "auto"
+    data.corpus_field = "text"  # the JSON Lines field / Parquet or CSV column holding each record's text
+    data.skip_bad_records = False  # skip and count records without that text, instead of stopping at the first
     data.vocab_file = ""  # vocab.txt / SentencePiece .model / tokenizer dir; empty trains one from the corpus
     data.tokenizer = "wordpiece"  # trained when vocab_file is empty: wordpiece, sentencepiece_unigram or _bpe
     data.tokenizer_vocab_size = 8192  # size of a trained vocab (the model pads it to a multiple of 128)

@@ -271,3 +271,19 @@ def set_up_driver(driver_file: str) -> None:
     with_cpu_glibc_tunables(driver_file)
     sys.unraisablehook = report_unraisable_once
     logging.get_absl_handler().addFilter(QuietLogs())
+
+
+# Errors that are the user's to fix: a bad flag, field, file, path or corpus record. Command lines print the message
+# alone (it names the problem and the fix); --verbosity=1 adds the traceback. The driver adds its own kinds.
+USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError,
+               PermissionError)
+
+
+def run_reporting_user_errors(main, argv, user_errors=USER_ERRORS):
+    """`main(argv)`; a user error is one `bert_jax: error: MESSAGE` line on stderr and exit status 1."""
+    try:
+        return main(argv)
+    except user_errors as error:
+        logging.debug("traceback of the error below", exc_info=True)
+        sys.stderr.write(f"bert_jax: error: {error}\n")
+        sys.exit(1)

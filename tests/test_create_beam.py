@@ -2,11 +2,13 @@
 
 import collections
 import glob
+import gzip
 import json
 
 import pytest
 import tensorflow as tf
 
+from bert_jax.data import corpus
 from bert_jax.data import create
 from bert_jax.data import create_beam
 from bert_jax.data import tokenization
@@ -58,3 +60,33 @@ def test_beam_pipeline_refuses_to_overwrite_and_names_missing_input(tmp_path):
     with pytest.raises(FileExistsError, match="already holds"):
         create_beam.run_beam_pipeline(_write_corpus(tmp_path), VOCAB, str(tmp_path / "out"), options,
                                       num_shards=1)
+
+
+def test_beam_pipeline_reads_json_lines_as_create_does(tmp_path):
+    """JSON Lines (one compressed) give the records of the same documents in the original layout, and each file's
+    documents are create's (corpus.iter_documents in one process)."""
+    # The sentences that read back as themselves: a record's lines are cut into sentences again.
+    documents = [[sentence for sentence in document if corpus.split_sentences(sentence) == [sentence]]
+                 for document in corpus.iter_documents(f"{helpers.FIXTURES}/sample_text.txt", text_format="lines")]
+    layouts = {"text": tmp_path / "text", "jsonl": tmp_path / "jsonl"}
+    for directory in layouts.values():
+        directory.mkdir()
+    for index, document in enumerate(documents):
+        (layouts["text"] / f"{index}.txt").write_text("\n".join(document) + "\n\n", encoding="utf-8")
+        line = json.dumps({"text": "\n".join(document), "id": index}) + "\n" + json.dumps({"id": -1}) + "\n"
+        (layouts["jsonl"] / (f"{index}.jsonl.gz" if index else f"{index}.jsonl")).write_bytes(
+            gzip.compress(line.encode()) if index else line.encode())
+    options = create.DataOptions(dupe_factor=2, seed=3)
+    written = {}
+    for name, directory in layouts.items():
+        metadata = create_beam.run_beam_pipeline(f"{directory}/*", VOCAB, str(tmp_path / f"out-{name}"), options,
+                                                 num_shards=2, documents_per_chunk=2, skip_bad_records=True)
+        assert metadata["stats"]["bad_records"] == (len(documents) if name == "jsonl" else 0)
+        written[name] = collections.Counter(
+            record for path in sorted(glob.glob(str(tmp_path / f"out-{name}" / "train-*.tfrecord")))
+            for record in tf.data.TFRecordDataset(path).as_numpy_iterator())
+    assert written["jsonl"] == written["text"] and sum(written["jsonl"].values()) > 10
+    for path in sorted(glob.glob(f"{layouts['jsonl']}/*")):
+        chunks = list(create_beam.file_chunks(0, path, 100, skip_bad_records=True))
+        assert [document for _, chunk in chunks for document in chunk] == list(
+            corpus.iter_documents(path, skip_bad_records=True))

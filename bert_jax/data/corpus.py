@@ -1,11 +1,12 @@
 """Corpus sources for pretraining-data creation: documents as lists of sentence strings, streamed in a fixed order.
 
 `iter_documents(source)` reads one of:
-  * comma-separated file globs, local or gs:// (`.gz` files are decompressed on the fly). With text_format="lines"
-    (the original google-research/bert layout) every stripped line is a sentence and a blank line ends a document;
-    as in the original reader, a file that does not end with a blank line carries its last document into the next.
-    With text_format="paragraphs" each file is one document of plain prose: blank lines separate paragraphs, whose
-    lines are joined and cut into sentences by `split_sentences`.
+  * comma-separated file globs, local or gs:// (`.gz`, `.zst` decompressed on the fly), each file's layout by its
+    name (text_format="auto"; bert_jax.data.corpus_formats) or text_format. "lines" (the original layout): every
+    stripped line is a sentence, a blank line ends a document, and as in the original reader a file that does not
+    end with a blank line carries its last document into the next. "paragraphs": each file is a document of prose,
+    blank lines separate paragraphs, whose lines are joined and cut into sentences by `split_sentences`. JSON Lines,
+    Parquet, CSV/TSV: a document per record, each line of its `text_field` a paragraph cut by `split_sentences`.
   * "tfds:NAME[:SPLIT][:FIELD]", e.g. "tfds:wiki40b/en:train:text": one document per example of an already
     prepared TensorFlow Datasets dataset (never downloaded from here).
   * "demo": an English corpus built offline from CPython's own help topics and standard-library docstrings.
@@ -17,9 +18,9 @@ Documents without sentences are dropped; otherwise the order is the source's own
 from __future__ import annotations
 
 import dataclasses
-import gzip
 import importlib
 import inspect
+import itertools
 import logging
 import os
 import re
@@ -30,7 +31,7 @@ from typing import Iterable, Iterator
 
 _log = logging.getLogger(__name__)
 
-TEXT_FORMATS = ("lines", "paragraphs")
+TEXT_FORMATS = ("auto", "lines", "paragraphs", "jsonl", "parquet", "csv", "tsv")
 DEMO_SOURCE = "demo"
 TFDS_PREFIX = "tfds:"
 _READ_CHUNK_BYTES = 1 << 20
@@ -45,29 +46,33 @@ class CorpusStats:
     sentences: int = 0
     skipped_lines: int = 0  # lines that are not valid UTF-8
     characters: int = 0  # characters of the yielded sentences
+    bad_records: int = 0  # records without usable text, skipped (skip_bad_records)
 
 
-def iter_documents(source: str, *, text_format: str = "lines", stats: CorpusStats | None = None
-                   ) -> Iterator[list[str]]:
+class EmptyCorpusError(ValueError):
+    """A source that holds no document at all."""
+
+
+def iter_documents(source: str, *, text_format: str = "auto", text_field: str = "text",
+                   skip_bad_records: bool = False, stats: CorpusStats | None = None) -> Iterator[list[str]]:
     """Yields the documents of `source` (see the module docstring), each a non-empty list of sentence strings.
 
-    text_format applies to files only. Problems with the source itself (no such file, a dataset that is not
-    prepared, a bad text_format) are raised here, before the first document; a source that turns out to hold no
-    document at all raises ValueError once it has been read to the end. `stats` is updated as documents go out.
+    text_format, text_field and skip_bad_records apply to files only (corpus_formats says what a bad record is).
+    Problems with the source itself (no such file, a dataset that is not prepared, a bad text_format) are raised
+    here, before the first document; a source that turns out to hold no document at all raises EmptyCorpusError (a
+    ValueError) once it has been read to the end. `stats` is updated as documents go out.
     """
     if text_format not in TEXT_FORMATS:
         raise ValueError(f"corpus text_format={text_format!r} is not one of {TEXT_FORMATS}")
+    if not isinstance(text_field, str) or not text_field:
+        raise ValueError(f"corpus text_field={text_field!r}: name the field (column) that holds the text")
     stats = stats if stats is not None else CorpusStats()
     if source == DEMO_SOURCE:
         documents = _documents_from_lines(demo_corpus_text().split("\n"))
     elif source.startswith(TFDS_PREFIX):
         documents = _iter_tfds_documents(source, stats)
     else:
-        files = resolve_files(source)
-        if text_format == "lines":
-            documents = _documents_from_lines(line for path in files for line in _iter_decoded_lines(path, stats))
-        else:
-            documents = _iter_paragraph_documents(files, stats)
+        documents = _iter_file_documents(resolve_files(source), text_format, text_field, skip_bad_records, stats)
     return _counted(documents, source, stats)
 
 
@@ -82,8 +87,9 @@ def _counted(documents: Iterable[list[str]], source: str, stats: CorpusStats) ->
         stats.characters += sum(len(sentence) for sentence in document)
         yield document
     if not yielded:
-        raise ValueError(f"corpus source {source!r} holds no documents: it has no non-blank line of text "
-                         f"({stats.skipped_lines} lines were not valid UTF-8). Point it at a non-empty corpus.")
+        raise EmptyCorpusError(f"corpus source {source!r} holds no documents: it has no non-blank line of text "
+                         f"({stats.skipped_lines} lines were not valid UTF-8, {stats.bad_records} bad records were "
+                               "skipped). Point it at a non-empty corpus.")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -118,28 +124,53 @@ def resolve_files(source: str) -> list[str]:
     return files
 
 
-def _iter_byte_lines(stream) -> Iterator[bytes]:
+def _iter_file_documents(files: list[str], text_format: str, text_field: str, skip_bad_records: bool,
+                         stats: CorpusStats) -> Iterator[list[str]]:
+    from bert_jax.data import corpus_formats  # pylint: disable=import-outside-toplevel
+    # Consecutive "lines" files are one stream of lines, as in the original reader; any other file stands alone.
+    layouts = [(path, corpus_formats.file_format(path, text_format)) for path in files]
+    for layout, group in itertools.groupby(layouts, key=lambda item: item[1]):
+        paths = [path for path, _ in group]
+        if layout == "lines":
+            yield from _documents_from_lines(
+                line for path in paths for line in _iter_decoded_lines(path, stats, text_format))
+        elif layout == "paragraphs":
+            yield from _iter_paragraph_documents(paths, stats)
+        else:
+            for path in paths:
+                for text in corpus_formats.iter_record_texts(path, layout, field=text_field,
+                                                             skip_bad_records=skip_bad_records, stats=stats):
+                    yield _record_document(text)
+
+
+def _record_document(text: str) -> list[str]:
+    # Each line is a paragraph, as in TFDS texts: records keep paragraphs (or pre-split sentences) on their own lines.
+    return [sentence for paragraph in text.split("\n") for sentence in split_sentences(paragraph)]
+
+
+def iter_byte_lines(stream, head: bytes = b"") -> Iterator[bytes]:
+    """The lines of a binary stream, without their b"\\n"; `head`: bytes already read from its start."""
     # Splitting big chunks ourselves is several times faster than GFile.readline, and splits on b"\n" only, as the
     # original reader did (str.splitlines would also split on \r, \x0c, \x1c, \u2028 and friends).
     pending = b""
-    while True:
-        chunk = stream.read(_READ_CHUNK_BYTES)
-        if not chunk:
-            break
+    chunk = head or stream.read(_READ_CHUNK_BYTES)
+    while chunk:
         lines = (pending + chunk).split(b"\n")
         pending = lines.pop()
         yield from lines
+        chunk = stream.read(_READ_CHUNK_BYTES)
     if pending:
         yield pending
 
 
-def _iter_decoded_lines(path: str, stats: CorpusStats) -> Iterator[str]:
-    from bert_jax import fileio  # pylint: disable=import-outside-toplevel
+def _iter_decoded_lines(path: str, stats: CorpusStats, text_format: str = "lines") -> Iterator[str]:
+    from bert_jax.data import corpus_formats  # pylint: disable=import-outside-toplevel
     stats.files += 1
-    with fileio.open_file(path, "rb") as raw:
-        stream = gzip.GzipFile(fileobj=raw, mode="rb") if path.endswith(".gz") else raw
+    with corpus_formats.open_decompressed(path) as stream:
+        head = stream.read(max(_READ_CHUNK_BYTES, corpus_formats.SNIFF_BYTES))
+        corpus_formats.check_text_head(path, head, text_format)
         warned = False
-        for line_number, line in enumerate(_iter_byte_lines(stream), start=1):
+        for line_number, line in enumerate(iter_byte_lines(stream, head), start=1):
             try:
                 yield line.decode("utf-8")
             except UnicodeDecodeError as error:
@@ -168,7 +199,7 @@ def _documents_from_lines(lines: Iterable[str]) -> Iterator[list[str]]:
 def _iter_paragraph_documents(files: list[str], stats: CorpusStats) -> Iterator[list[str]]:
     for path in files:
         # The original loop's blank-line-separated groups of lines are exactly this layout's paragraphs.
-        paragraphs = _documents_from_lines(_iter_decoded_lines(path, stats))
+        paragraphs = _documents_from_lines(_iter_decoded_lines(path, stats, "paragraphs"))
         yield [sentence for lines in paragraphs for sentence in split_sentences(" ".join(lines))]
 
 

@@ -48,6 +48,7 @@ import tqdm
 
 from bert_jax import fileio
 from bert_jax import record_framing
+from bert_jax import runtime
 from bert_jax.data import corpus
 from bert_jax.data import instances as instances_lib
 from bert_jax.data import tfrecord
@@ -257,15 +258,17 @@ def _check_arguments(num_shards, num_workers, documents_per_chunk, prefix) -> No
 
 def create_pretraining_data(source: str, tokenizer_path: str, output_dir: str, options: DataOptions, *,
                             num_shards: int = 1, num_workers: int | None = None, documents_per_chunk: int = 2000,
-                            text_format: str = "lines", prefix: str = "train", progress: bool = True,
+                            text_format: str = "auto", text_field: str = "text", skip_bad_records: bool = False,
+                            prefix: str = "train", progress: bool = True,
                             overwrite: bool = False, do_lower_case: bool | None = None,
                             document_filter: Callable[[int], bool] | None = None) -> dict:
     """Writes `{output_dir}/{prefix}-IIIII-of-NNNNN.tfrecord`, the tokenizer and metadata.json; returns the metadata.
 
-    source: see corpus.iter_documents. tokenizer_path: see tokenization.load_tokenizer (`do_lower_case` is passed
-    on). num_workers: processes (default: all cores; 0 = this process; a corpus of one chunk is made in this process
-    whatever the number). Shards already in output_dir with the
-    same prefix are an error unless `overwrite`. `document_filter(index)` keeps the corpus document with that
+    source, text_format, text_field, skip_bad_records: see corpus.iter_documents. tokenizer_path: see
+    tokenization.load_tokenizer (`do_lower_case` is passed on). num_workers: processes (default: all cores; 0 = this
+    process; a corpus of one chunk is made in this process whatever the number). Shards already in output_dir with
+    the same prefix are an error unless `overwrite`. A run that fails (a bad record, say) leaves no shard: they are
+    written under hidden names, renamed only at the end. `document_filter(index)` keeps the corpus document with that
     0-based index when true, e.g. to hold every n-th document out for evaluation.
     """
     started = time.perf_counter()
@@ -287,8 +290,8 @@ def create_pretraining_data(source: str, tokenizer_path: str, output_dir: str, o
     try:
         return _create(source, tokenizer, output_dir, options, start_pool if num_workers > 0 else None, started,
                        num_shards=num_shards, num_workers=num_workers, documents_per_chunk=documents_per_chunk,
-                       text_format=text_format, prefix=prefix, progress=progress, overwrite=overwrite,
-                       document_filter=document_filter)
+                       text_format=text_format, text_field=text_field, skip_bad_records=skip_bad_records,
+                       prefix=prefix, progress=progress, overwrite=overwrite, document_filter=document_filter)
     finally:
         if pool is not None:
             pool.terminate()
@@ -296,7 +299,8 @@ def create_pretraining_data(source: str, tokenizer_path: str, output_dir: str, o
 
 
 def _create(source, tokenizer, output_dir, options, start_pool, started, *, num_shards, num_workers,
-            documents_per_chunk, text_format, prefix, progress, overwrite, document_filter) -> dict:
+            documents_per_chunk, text_format, text_field, skip_bad_records, prefix, progress, overwrite,
+            document_filter) -> dict:
     existing = fileio.glob(fileio.join(output_dir, f"{prefix}-*-of-*.tfrecord"))
     if existing and not overwrite:
         raise FileExistsError(f"{output_dir} already holds {len(existing)} '{prefix}' shard(s) (e.g. "
@@ -312,6 +316,7 @@ def _create(source, tokenizer, output_dir, options, start_pool, started, *, num_
     try:
         results = _chunk_results(source, tokenizer, options, start_pool, corpus_stats, num_workers=num_workers,
                                  documents_per_chunk=documents_per_chunk, text_format=text_format,
+                                 text_field=text_field, skip_bad_records=skip_bad_records,
                                  document_filter=document_filter)
         totals = _deal_records(results, writers, progress=progress)
         for writer in writers:
@@ -332,7 +337,7 @@ def _create(source, tokenizer, output_dir, options, start_pool, started, *, num_
     tokenizer.save(fileio.join(output_dir, TOKENIZER_DIR))
     metadata = _metadata(source, tokenizer, options, corpus_stats, totals, elapsed=time.perf_counter() - started,
                          num_shards=num_shards, documents_per_chunk=documents_per_chunk, text_format=text_format,
-                         prefix=prefix, final_paths=final_paths)
+                         text_field=text_field, prefix=prefix, final_paths=final_paths)
     with fileio.open_file(metadata_path(output_dir, prefix), "w") as stream:
         stream.write(json.dumps(metadata, indent=2) + "\n")
     _log_summary(metadata["stats"], num_shards, output_dir)
@@ -340,10 +345,11 @@ def _create(source, tokenizer, output_dir, options, start_pool, started, *, num_
 
 
 def _chunk_results(source, tokenizer, options, start_pool, corpus_stats, *, num_workers, documents_per_chunk,
-                   text_format, document_filter) -> Iterator[tuple[list[bytes], dict]]:
+                   text_format, text_field, skip_bad_records, document_filter) -> Iterator[tuple[list[bytes], dict]]:
     """The corpus's chunks processed, in corpus order: (records, chunk stats) per chunk, computed lazily. In worker
     processes (`start_pool()` starts them) only for a corpus of more than one chunk."""
-    documents = corpus.iter_documents(source, text_format=text_format, stats=corpus_stats)
+    documents = corpus.iter_documents(source, text_format=text_format, text_field=text_field,
+                                      skip_bad_records=skip_bad_records, stats=corpus_stats)
     if document_filter is not None:
         documents = (document for index, document in enumerate(documents) if document_filter(index))
     tasks = _chunks(documents, documents_per_chunk)
@@ -386,7 +392,7 @@ def _check_not_empty(source, totals, corpus_stats) -> None:
 
 
 def _metadata(source, tokenizer, options, corpus_stats, totals, *, elapsed, num_shards, documents_per_chunk,
-              text_format, prefix, final_paths) -> dict:
+              text_format, text_field, prefix, final_paths) -> dict:
     static = options.masking == "static"
     return {
         "format": "masked" if static else "unmasked",
@@ -395,12 +401,13 @@ def _metadata(source, tokenizer, options, corpus_stats, totals, *, elapsed, num_
         "next_sentence_labels": ("0 = original order, 1 = A and B swapped" if options.sentence_order_prediction
                                  else "0 = B follows A, 1 = B is from a random document"),
         "num_shards": num_shards, "documents_per_chunk": documents_per_chunk, "source": source,
-        "text_format": text_format, "prefix": prefix, "files": [posixpath.basename(path) for path in final_paths],
+        "text_format": text_format, "text_field": text_field, "prefix": prefix,
+        "files": [posixpath.basename(path) for path in final_paths],
         "tokenizer": {"kind": tokenizer.kind, "vocab_size": tokenizer.vocab_size,
                       "do_lower_case": tokenizer.do_lower_case, **tokenizer.special_ids, "directory": TOKENIZER_DIR},
         "stats": {
             "files": corpus_stats.files, "skipped_lines": corpus_stats.skipped_lines,
-            "characters": corpus_stats.characters,
+            "bad_records": corpus_stats.bad_records, "characters": corpus_stats.characters,
             **{key: totals[key] for key in ("documents", "sentences", "chunks", "instances", "tokens", "predictions")},
             # Predictions per real token ([CLS] and [SEP] included, as in the original's count).
             "masked_fraction": totals["predictions"] / totals["tokens"],
@@ -411,9 +418,10 @@ def _metadata(source, tokenizer, options, corpus_stats, totals, *, elapsed, num_
 
 
 def _log_summary(stats, num_shards, output_dir) -> None:
-    logging.info("wrote %d instances from %d documents (%d sentences, %d non-UTF-8 lines skipped) into %d shard(s) "
-                 "in %s: %.1f s, %.0f instances/s, masked %.2f%% of tokens, label 1 in %.1f%%", stats["instances"],
-                 stats["documents"], stats["sentences"], stats["skipped_lines"], num_shards, output_dir,
+    logging.info("wrote %d instances from %d documents (%d sentences, %d non-UTF-8 lines and %d bad records skipped) "
+                 "into %d shard(s) in %s: %.1f s, %.0f instances/s, masked %.2f%% of tokens, label 1 in %.1f%%",
+                 stats["instances"], stats["documents"], stats["sentences"], stats["skipped_lines"],
+                 stats["bad_records"], num_shards, output_dir,
                  stats["elapsed_s"], stats["instances_per_s"], 100 * stats["masked_fraction"],
                  100 * stats["nsp_random_fraction"])
 
@@ -426,8 +434,8 @@ def define_flags() -> None:
     # Defined only when run as a program, so importing the library adds nothing to a driver's flags.
     from absl import flags  # pylint: disable=import-outside-toplevel
     defaults = DataOptions()
-    flags.DEFINE_string("input_file", None, "Corpus: comma-separated text globs (local or gs://), "
-                        "'tfds:NAME[:SPLIT][:FIELD]', or 'demo'.")
+    flags.DEFINE_string("input_file", None, "Corpus: comma-separated file globs (local or gs://; text, JSON Lines, "
+                        "Parquet, CSV/TSV), 'tfds:NAME[:SPLIT][:FIELD]', or 'demo'.")
     flags.DEFINE_string("output_dir", None, "Directory for the TFRecord shards, tokenizer/ and metadata.json.")
     flags.DEFINE_string("vocab_file", None, "WordPiece vocab.txt, SentencePiece .model, or a saved tokenizer dir.")
     flags.DEFINE_bool("do_lower_case", None, "Lower-case the text (default: True for vocab.txt, the saved "
@@ -449,8 +457,14 @@ def define_flags() -> None:
     flags.DEFINE_integer("num_workers", None, "Worker processes (default: all cores; 0 = in this process).")
     flags.DEFINE_integer("documents_per_chunk", 2000, "Documents processed together (the original algorithm's "
                          "unit: NSP random segments come from the same chunk). Changing it changes the output.")
-    flags.DEFINE_enum("text_format", "lines", list(corpus.TEXT_FORMATS),
-                      "'lines': one sentence per line, blank line between documents; 'paragraphs': prose files.")
+    flags.DEFINE_enum("text_format", "auto", list(corpus.TEXT_FORMATS),
+                      "'auto': by file name (.jsonl/.json/.ndjson, .parquet, .csv, .tsv, each but Parquet also .gz "
+                      "or .zst; anything else 'lines'); 'lines': one sentence per line, blank line between "
+                      "documents; 'paragraphs': prose files; or 'jsonl', 'parquet', 'csv', 'tsv' for every file.")
+    flags.DEFINE_string("text_field", "text", "The field (JSON Lines) or column (Parquet, CSV/TSV) holding each "
+                        "record's text.")
+    flags.DEFINE_bool("skip_bad_records", False, "Skip and count records without text in text_field (missing, "
+                      "not a string, not JSON) instead of stopping at the first.")
     flags.DEFINE_string("prefix", "train", "Shard file-name prefix.")
     flags.DEFINE_bool("overwrite", False, "Replace shards with the same prefix already in output_dir.")
     flags.DEFINE_bool("progress", True, "Show a progress bar (only on a terminal).")
@@ -473,6 +487,7 @@ def _main(argv) -> None:
     create_pretraining_data(values.input_file, values.vocab_file, values.output_dir, options,
                             num_shards=values.num_shards, num_workers=values.num_workers,
                             documents_per_chunk=values.documents_per_chunk, text_format=values.text_format,
+                            text_field=values.text_field, skip_bad_records=values.skip_bad_records,
                             prefix=values.prefix, progress=values.progress, overwrite=values.overwrite,
                             do_lower_case=values.do_lower_case)
 
@@ -480,4 +495,4 @@ def _main(argv) -> None:
 if __name__ == "__main__":
     from absl import app as _app  # pylint: disable=import-outside-toplevel
     define_flags()
-    _app.run(_main)
+    _app.run(lambda argv: runtime.run_reporting_user_errors(_main, argv))

@@ -5,7 +5,8 @@
         --output_dir=gs://bucket/data --num_shards=1024 -- --runner=DataflowRunner --project=... --region=...
 (everything after `--` goes to Beam as pipeline options; without it the local DirectRunner runs).
 
-Each input file is read by one worker and cut into chunks of `documents_per_chunk` documents; each chunk goes through
+Each input file (any layout bert_jax.data.corpus reads: text, JSON Lines, Parquet, CSV/TSV, .gz or .zst) is read by
+one worker and cut into chunks of `documents_per_chunk` documents; each chunk goes through
 exactly the `ChunkProcessor` that `bert_jax.data.create` uses (the original create_pretraining_data.py
 algorithm per chunk) with `random.Random(f"{seed}:{file_index}/{chunk_index}")`, files numbered in sorted order.
 Differences from the single-machine tool, both for the sake of reading files in parallel: a document never spans
@@ -22,6 +23,7 @@ from absl import flags
 from absl import logging
 
 from bert_jax import fileio
+from bert_jax import runtime
 from bert_jax.data import corpus
 from bert_jax.data import create
 from bert_jax.data import tokenization
@@ -37,9 +39,11 @@ def _import_beam():
     return beam
 
 
-def file_chunks(file_index: int, path: str, documents_per_chunk: int, text_format: str = "lines"):
-    """(chunk key, documents) for one file; an empty file yields nothing."""
-    documents = corpus.iter_documents(path, text_format=text_format)
+def file_chunks(file_index: int, path: str, documents_per_chunk: int, text_format: str = "auto",
+                text_field: str = "text", skip_bad_records: bool = False, stats: corpus.CorpusStats | None = None):
+    """(chunk key, documents) for one file; an empty file yields nothing. See corpus.iter_documents for the rest."""
+    documents = corpus.iter_documents(path, text_format=text_format, text_field=text_field,
+                                      skip_bad_records=skip_bad_records, stats=stats)
     chunk, chunk_index = [], 0
     try:
         for document in documents:
@@ -47,7 +51,7 @@ def file_chunks(file_index: int, path: str, documents_per_chunk: int, text_forma
             if len(chunk) == documents_per_chunk:
                 yield f"{file_index}/{chunk_index}", chunk
                 chunk, chunk_index = [], chunk_index + 1
-    except ValueError:  # iter_documents' "no documents" at the end of an empty file
+    except corpus.EmptyCorpusError:  # at the end of a file without documents
         if chunk_index or chunk:
             raise
         return
@@ -57,11 +61,22 @@ def file_chunks(file_index: int, path: str, documents_per_chunk: int, text_forma
 
 def build_pipeline(pipeline, source: str, tokenizer_path: str, output_dir: str,
                    options: create.DataOptions, *, num_shards: int, documents_per_chunk: int = 2000,
-                   text_format: str = "lines", prefix: str = "train"):
+                   text_format: str = "auto", text_field: str = "text", skip_bad_records: bool = False,
+                   prefix: str = "train"):
     """Adds the transform to `pipeline` (a beam.Pipeline); returns the write result."""
     beam = _import_beam()
     options.validate()
     files = corpus.resolve_files(source)  # raises FileNotFoundError naming a pattern that matches nothing
+
+    class ReadFile(beam.DoFn):
+        def setup(self):
+            self.bad_records = beam.metrics.Metrics.counter("bert_jax", "bad_records")
+
+        def process(self, indexed_path):
+            stats = corpus.CorpusStats()
+            yield from file_chunks(*indexed_path, documents_per_chunk, text_format, text_field, skip_bad_records,
+                                   stats)
+            self.bad_records.inc(stats.bad_records)
 
     class ProcessChunk(beam.DoFn):
         def setup(self):
@@ -77,8 +92,7 @@ def build_pipeline(pipeline, source: str, tokenizer_path: str, output_dir: str,
 
     return (pipeline
             | "Files" >> beam.Create(list(enumerate(files)))
-            | "Chunks" >> beam.FlatMapTuple(
-                lambda index, path: file_chunks(index, path, documents_per_chunk, text_format))
+            | "Chunks" >> beam.ParDo(ReadFile())
             | "Spread" >> beam.Reshuffle()
             | "Instances" >> beam.ParDo(ProcessChunk())
             | "Write" >> beam.io.WriteToTFRecord(
@@ -87,8 +101,9 @@ def build_pipeline(pipeline, source: str, tokenizer_path: str, output_dir: str,
 
 
 def run_beam_pipeline(source: str, tokenizer_path: str, output_dir: str, options: create.DataOptions, *,
-                      num_shards: int, documents_per_chunk: int = 2000, text_format: str = "lines",
-                      prefix: str = "train", pipeline_args: list[str] | None = None) -> dict:
+                      num_shards: int, documents_per_chunk: int = 2000, text_format: str = "auto",
+                      text_field: str = "text", skip_bad_records: bool = False, prefix: str = "train",
+                      pipeline_args: list[str] | None = None) -> dict:
     """Runs the pipeline to completion and writes `metadata.json` beside the shards; returns the metadata."""
     beam = _import_beam()
     tokenizer = tokenization.load_tokenizer(tokenizer_path)
@@ -98,11 +113,12 @@ def run_beam_pipeline(source: str, tokenizer_path: str, output_dir: str, options
     pipeline_options = beam.options.pipeline_options.PipelineOptions(pipeline_args or [])
     with beam.Pipeline(options=pipeline_options) as pipeline:
         build_pipeline(pipeline, source, tokenizer_path, output_dir, options, num_shards=num_shards,
-                       documents_per_chunk=documents_per_chunk, text_format=text_format, prefix=prefix)
+                       documents_per_chunk=documents_per_chunk, text_format=text_format, text_field=text_field,
+                       skip_bad_records=skip_bad_records, prefix=prefix)
     result = pipeline.result
     counters = {result_counter.key.metric.name: result_counter.committed
                 for result_counter in result.metrics().query()["counters"]}
-    stats = {name: int(counters.get(name, 0)) for name in _COUNTERS}
+    stats = {name: int(counters.get(name, 0)) for name in (*_COUNTERS, "bad_records")}
     if not stats["instances"]:
         raise ValueError(f"the corpus {source!r} gave no instances: its files hold no non-empty sentences")
     tokenizer.save(os.path.join(output_dir, create.TOKENIZER_DIR))
@@ -132,9 +148,11 @@ def _main(argv):
         seed=flag_values.random_seed)
     run_beam_pipeline(flag_values.input_file, flag_values.vocab_file, flag_values.output_dir, options,
                       num_shards=flag_values.num_shards, documents_per_chunk=flag_values.documents_per_chunk,
-                      text_format=flag_values.text_format, prefix=flag_values.prefix, pipeline_args=argv[1:])
+                      text_format=flag_values.text_format, text_field=flag_values.text_field,
+                      skip_bad_records=flag_values.skip_bad_records, prefix=flag_values.prefix,
+                      pipeline_args=argv[1:])
 
 
 if __name__ == "__main__":
     create.define_flags()
-    app.run(_main)
+    app.run(lambda argv: runtime.run_reporting_user_errors(_main, argv))

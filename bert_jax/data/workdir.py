@@ -21,6 +21,7 @@ import jax
 
 from bert_jax import fileio
 from bert_jax.data import corpus
+from bert_jax.data import corpus_formats
 from bert_jax.data import create
 from bert_jax.data import tokenization
 from bert_jax.data import vocabulary
@@ -28,13 +29,32 @@ from bert_jax.data import vocabulary
 READY_FILE = "READY.json"
 TOKENIZER_KINDS = ("wordpiece", "sentencepiece_unigram", "sentencepiece_bpe")
 # config.data fields whose change means the data must be made again.
-_SETTINGS = ("corpus", "corpus_format", "vocab_file", "tokenizer", "tokenizer_vocab_size", "do_lower_case",
-             "dupe_factor", "eval_every_nth_document", "max_seq_length", "max_predictions_per_seq",
-             "masked_lm_prob", "whole_word_mask")
+_SETTINGS = ("corpus", "corpus_format", "corpus_field", "skip_bad_records", "vocab_file", "tokenizer",
+             "tokenizer_vocab_size", "do_lower_case", "dupe_factor", "eval_every_nth_document", "max_seq_length",
+             "max_predictions_per_seq", "masked_lm_prob", "whole_word_mask")
 
 
 def _settings(config) -> dict:
     return {**{name: config.data[name] for name in _SETTINGS}, "seed": config.train.seed}
+
+
+# Settings added since older workdirs were made, with the value those were made with. Their corpus_format was
+# "lines" where it is "auto" now, the same layout for a corpus of files not named as records (or demo, tfds:).
+_EARLIER_SETTINGS = {"corpus_field": "text", "skip_bad_records": False}
+
+
+def _saved_settings(saved: dict, config) -> dict:
+    saved = {**_EARLIER_SETTINGS, **saved}
+    if saved.get("corpus_format") == "lines" and config.data.corpus_format == "auto":
+        source = config.data.corpus
+        try:
+            files = [] if source == corpus.DEMO_SOURCE or source.startswith(corpus.TFDS_PREFIX) else (
+                corpus.resolve_files(source))
+        except OSError:  # the corpus has moved since: nothing to compare
+            return saved
+        if all(corpus_formats.file_format(path, "auto") == "lines" for path in files):
+            saved["corpus_format"] = "auto"
+    return saved
 
 
 def _is_held_out(every_nth: int, index: int) -> bool:
@@ -44,13 +64,18 @@ def _is_held_out(every_nth: int, index: int) -> bool:
 def _training_sentences(data_config):
     """The training split's sentences, streamed from the corpus (for training a tokenizer on them)."""
     stats = corpus.CorpusStats()
-    documents = corpus.iter_documents(data_config.corpus, text_format=data_config.corpus_format, stats=stats)
+    documents = corpus.iter_documents(data_config.corpus, text_format=data_config.corpus_format,
+                                      text_field=data_config.corpus_field,
+                                      skip_bad_records=data_config.skip_bad_records, stats=stats)
     for index, document in enumerate(documents):
         if not _is_held_out(data_config.eval_every_nth_document, index):
             yield from document
     if stats.skipped_lines:
         logging.warning("corpus %s: skipped %d lines that are not valid UTF-8", data_config.corpus,
                         stats.skipped_lines)
+    if stats.bad_records:
+        logging.warning("corpus %s: skipped %d bad records (data.skip_bad_records)", data_config.corpus,
+                        stats.bad_records)
     logging.info("corpus %s: %d documents, %d sentences, %d characters", data_config.corpus, stats.documents,
                  stats.sentences, stats.characters)
 
@@ -81,7 +106,8 @@ def _build(config, data_dir: str) -> dict:
     common = dict(max_seq_length=data.max_seq_length, max_predictions_per_seq=data.max_predictions_per_seq,
                   masked_lm_prob=data.masked_lm_prob, whole_word_mask=data.whole_word_mask, seed=config.train.seed)
     make = functools.partial(create.create_pretraining_data, data.corpus, tokenizer_dir,
-                             text_format=data.corpus_format, progress=False, overwrite=True)
+                             text_format=data.corpus_format, text_field=data.corpus_field,
+                             skip_bad_records=data.skip_bad_records, progress=False, overwrite=True)
     summaries = {"train": make(
         os.path.join(data_dir, "train"), create.DataOptions(dupe_factor=data.dupe_factor, masking="none", **common),
         num_shards=4, prefix="train", document_filter=lambda index: not _is_held_out(every_nth, index))}
@@ -115,8 +141,9 @@ def prepare(config, workdir: str):
         if fileio.exists(ready_path):
             with fileio.open_file(ready_path) as file:
                 ready = json.load(file)
-            if ready["settings"] != _settings(config):
-                changed = sorted(k for k in ready["settings"] if ready["settings"][k] != _settings(config).get(k))
+            saved, current = _saved_settings(ready["settings"], config), _settings(config)
+            if saved != current:
+                changed = sorted(key for key in {*saved, *current} if saved.get(key) != current.get(key))
                 raise ValueError(f"{data_dir} was made with other data settings ({', '.join(changed)} differ); "
                                  "use a new --workdir, delete that directory, or train on it with the old settings")
             logging.info("reusing pretraining data in %s", data_dir)

@@ -262,3 +262,18 @@ def test_the_driver_makes_its_data_from_json_lines(tmp_path):
         bad.data[field] = value
         with pytest.raises(ValueError, match=message):
             job_config.validate(bad, "train", 8)
+
+
+def test_the_format_benchmarks_corpora_hold_the_same_documents_in_every_format(tmp_path):
+    """bert_jax.benchmarks.data --mode=formats times each format on the same documents: its writers give, read back,
+    the same documents as its original-layout text (a record's lines are split again, which may cut a sentence in two
+    and moves whitespace, so each document's characters other than whitespace are compared)."""
+    from bert_jax.benchmarks import data as benchmark  # pylint: disable=import-outside-toplevel
+    read = {}
+    for fmt in benchmark.FORMATS:
+        path = str(tmp_path / f"corpus.{fmt}")
+        benchmark.write_corpus(path, fmt, 60_000)
+        read[fmt] = ["".join("".join(document).split()) for document in corpus.iter_documents(path)]
+    assert len(read["txt"]) >= 20
+    assert all(documents == read["txt"] for documents in read.values()), {
+        fmt: len(documents) for fmt, documents in read.items()}

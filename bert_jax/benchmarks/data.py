@@ -19,6 +19,7 @@ documents, to show peak memory flat in the corpus size. Tokens/s per core counts
 """
 
 import csv
+import functools
 import gzip
 import json
 import os
@@ -43,22 +44,26 @@ COMMON_FLAGS = ["--do_lower_case=True", "--max_seq_length=128", "--max_predictio
                 "--masked_lm_prob=0.15", "--random_seed=12345", "--dupe_factor=5"]
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("original_dir", None, "Directory holding the original bert/ package (create_pretraining_data.py "
-                    "and tokenization.py); runs it for comparison when set.")
-flags.DEFINE_string("vocab_file", DEFAULT_VOCAB, "WordPiece vocab.txt for both tools.")
-flags.DEFINE_string("work_dir", None, "Where corpora and outputs go (default: a temporary directory, removed).")
-flags.DEFINE_float("corpus_mb", 1.1, "Size of the small corpus in MB (cut at a document boundary).")
-flags.DEFINE_integer("scale", 10, "The large corpus is this many shuffled copies of the demo documents' prefix.")
-flags.DEFINE_integer("num_workers", None, "Worker processes for ours (default: all cores).")
-flags.DEFINE_integer("documents_per_chunk", 100, "Ours: documents per chunk. Small enough that the small corpus "
-                     "makes several chunks, so that every core has work.")
-flags.DEFINE_bool("original_on_large", False, "Also run the original on the large corpus (slow, memory-hungry).")
-flags.DEFINE_enum("mode", "original", ["original", "formats"], "'original': ours against the original tool; "
-                  "'formats': creation from each corpus format.")
-flags.DEFINE_float("format_mb", 50, "--mode=formats: MB of JSON Lines per format (the same documents in each).")
-flags.DEFINE_float("large_gb", 1.0, "--mode=formats: GB of JSON Lines (and the same text in the original layout) "
-                   "for the memory-in-corpus-size rows; 0 skips them.")
 FORMATS = ("txt", "jsonl", "jsonl.gz", "jsonl.zst", "parquet", "csv")
+
+
+def define_flags() -> None:
+    # Defined only when run as a program: importing the corpus writers (tests do) adds no flags.
+    flags.DEFINE_string("original_dir", None, "Directory holding the original bert/ package "
+                        "(create_pretraining_data.py and tokenization.py); runs it for comparison when set.")
+    flags.DEFINE_string("vocab_file", DEFAULT_VOCAB, "WordPiece vocab.txt for both tools.")
+    flags.DEFINE_string("work_dir", None, "Where corpora and outputs go (default: a temporary directory, removed).")
+    flags.DEFINE_float("corpus_mb", 1.1, "Size of the small corpus in MB (cut at a document boundary).")
+    flags.DEFINE_integer("scale", 10, "The large corpus is this many shuffled copies of the demo documents' prefix.")
+    flags.DEFINE_integer("num_workers", None, "Worker processes for ours (default: all cores).")
+    flags.DEFINE_integer("documents_per_chunk", 100, "Ours: documents per chunk. Small enough that the small corpus "
+                         "makes several chunks, so that every core has work.")
+    flags.DEFINE_bool("original_on_large", False, "Also run the original on the large corpus (slow, memory-hungry).")
+    flags.DEFINE_enum("mode", "original", ["original", "formats"], "'original': ours against the original tool; "
+                      "'formats': creation from each corpus format.")
+    flags.DEFINE_float("format_mb", 50, "--mode=formats: MB of JSON Lines per format (the same documents in each).")
+    flags.DEFINE_float("large_gb", 1.0, "--mode=formats: GB of JSON Lines (and the same text in the original layout) "
+                       "for the memory-in-corpus-size rows; 0 skips them.")
 
 
 def _documents(text: str) -> list[str]:
@@ -152,10 +157,15 @@ def run_original(original_dir: str, corpus_path: str, output_file: str, vocab_fi
     return {"wall_s": wall, "peak_rss": peak, "instances": count_records(output_file)}
 
 
+@functools.lru_cache(maxsize=1)
+def _demo_documents() -> list[list[str]]:
+    return [document.split("\n") for document in _documents(corpus.demo_corpus_text())]
+
+
 def _shuffled_documents(size_bytes: int):
     """The demo corpus's documents (lists of sentences), repeated in shuffled orders until their text (sentences
     and newlines) reaches `size_bytes`."""
-    documents = [document.split("\n") for document in _documents(corpus.demo_corpus_text())]
+    documents = _demo_documents()
     written, copy = 0, 0
     while written < size_bytes:
         shuffled = list(documents)
@@ -310,4 +320,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)

@@ -198,6 +198,10 @@ def _validate_pretraining_data(config, bert_config: model_lib.BertConfig, mode: 
         raise ValueError(f"--config.data.source={data.source!r}: choose 'corpus', 'synthetic' or 'tfrecord'")
     if data.source == "corpus" and not data.corpus:
         raise ValueError("--config.data.source=corpus needs --config.data.corpus (text globs, tfds:NAME or demo)")
+    instance_kinds = ("pairs", "rows", "fragments")  # bert_jax.data.create.INSTANCE_KINDS
+    if data.get("instances", "pairs") not in instance_kinds:
+        raise ValueError(f"--config.data.instances={data.instances!r}: choose one of {instance_kinds} (MLM-only "
+                         "'rows' or 'fragments' for a model without an NSP head)")
     if mode == "train" and data.source == "tfrecord" and not data.input_files:
         raise ValueError("--config.data.source=tfrecord needs --config.data.input_files=GLOB[,GLOB...]")
     packing.validate_config(data)

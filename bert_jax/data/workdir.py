@@ -30,11 +30,14 @@ TOKENIZER_KINDS = ("wordpiece", "sentencepiece_unigram", "sentencepiece_bpe")
 # config.data fields whose change means the data must be made again.
 _SETTINGS = ("corpus", "corpus_format", "vocab_file", "tokenizer", "tokenizer_vocab_size", "do_lower_case",
              "dupe_factor", "eval_every_nth_document", "max_seq_length", "max_predictions_per_seq",
-             "masked_lm_prob", "whole_word_mask")
+             "masked_lm_prob", "whole_word_mask", "instances")
+# Settings added since some workdirs were made, with the value those workdirs' data was made with.
+_FORMER_DEFAULTS = {"instances": "pairs"}
 
 
 def _settings(config) -> dict:
-    return {**{name: config.data[name] for name in _SETTINGS}, "seed": config.train.seed}
+    return {**{name: config.data.get(name, _FORMER_DEFAULTS.get(name)) if name in _FORMER_DEFAULTS
+               else config.data[name] for name in _SETTINGS}, "seed": config.train.seed}
 
 
 def _is_held_out(every_nth: int, index: int) -> bool:
@@ -79,7 +82,8 @@ def _build(config, data_dir: str) -> dict:
     logging.info("tokenizer: %s, %d entries", tokenizer.kind, tokenizer.vocab_size)
     every_nth = data.eval_every_nth_document
     common = dict(max_seq_length=data.max_seq_length, max_predictions_per_seq=data.max_predictions_per_seq,
-                  masked_lm_prob=data.masked_lm_prob, whole_word_mask=data.whole_word_mask, seed=config.train.seed)
+                  masked_lm_prob=data.masked_lm_prob, whole_word_mask=data.whole_word_mask, seed=config.train.seed,
+                  instances=data.get("instances", "pairs"))
     make = functools.partial(create.create_pretraining_data, data.corpus, tokenizer_dir,
                              text_format=data.corpus_format, progress=False, overwrite=True)
     summaries = {"train": make(
@@ -115,6 +119,7 @@ def prepare(config, workdir: str):
         if fileio.exists(ready_path):
             with fileio.open_file(ready_path) as file:
                 ready = json.load(file)
+            ready["settings"] = {**_FORMER_DEFAULTS, **ready["settings"]}
             if ready["settings"] != _settings(config):
                 changed = sorted(k for k in ready["settings"] if ready["settings"][k] != _settings(config).get(k))
                 raise ValueError(f"{data_dir} was made with other data settings ({', '.join(changed)} differ); "

@@ -125,6 +125,8 @@ def test_records_have_no_label_and_metadata_measures_padding(corpus_file, tmp_pa
 
 
 def test_pairs_metadata_keeps_its_layout_and_one_glob_holds_one_kind(corpus_file, tmp_path):
+    with pytest.raises(ValueError, match=r"DataOptions.instances='rows' \(--instances\): MLM-only .* no sentence"):
+        DataOptions(instances="rows", sentence_order_prediction=True).validate()
     metadata = _make(corpus_file, tmp_path / "pairs", masking="none")
     _make(corpus_file, tmp_path / "rows", instances="rows", masking="none")
     files = [glob.glob(f"{tmp_path}/{kind}/train-*.tfrecord")[0] for kind in ("pairs", "rows")]

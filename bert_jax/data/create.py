@@ -89,6 +89,9 @@ class DataOptions:
                       "least one token for each of the two segments)")
         if self.instances not in INSTANCE_KINDS:
             raise bad("instances", "instances", f"must be one of {INSTANCE_KINDS}")
+        if self.instances != "pairs" and self.sentence_order_prediction:
+            raise bad("instances", "instances", "MLM-only instances have no sentence pairs to order: use "
+                      "instances='pairs' with sentence_order_prediction, or turn it off")
         if self.masking not in MASKING_MODES:
             raise bad("masking", "masking", f"must be one of {MASKING_MODES}")
         if self.masking == "static":
@@ -430,28 +433,12 @@ def _metadata(source, tokenizer, options, corpus_stats, totals, *, elapsed, num_
             "masked_fraction": totals["predictions"] / totals["tokens"],
             "nsp_random_fraction": totals["random_next"] / totals["instances"],  # the share of label 1
             "elapsed_s": round(elapsed, 3), "instances_per_s": round(totals["instances"] / elapsed, 1),
-            **_padding_stats(options, totals),
+            # Fragments are made to be packed: their padding after packing too.
+            **packing.padding_stats({int(key[len("length_"):]): count for key, count in totals.items()
+                                     if key.startswith("length_")}, max_seq_length=options.max_seq_length,
+                                    packed=options.instances == "fragments", seed=options.seed),
         },
     }
-
-
-# Packed as the input pipeline would pack them: data.pack_window's default, and data.max_instances_per_row's
-# default (4) beside a larger one for long rows.
-_PACK_WINDOW, _PACK_INSTANCES = 256, (4, 8)
-
-
-def _padding_stats(options, totals) -> dict:
-    """The share of padding tokens in the written records, and (fragments, which are made to be packed) after
-    packing them as the input pipeline does."""
-    stats = {"padding_fraction": round(1.0 - totals["tokens"] / (totals["instances"] * options.max_seq_length), 4)}
-    if options.instances == "fragments":
-        lengths = {int(key[len("length_"):]): count for key, count in totals.items() if key.startswith("length_")}
-        stats["packed_padding_fraction"] = {
-            "pack_window": _PACK_WINDOW, **{
-                f"max_instances_per_row_{instances}": round(packing.packed_padding_fraction(
-                    lengths, max_seq_length=options.max_seq_length, max_instances_per_row=instances,
-                    window=_PACK_WINDOW, seed=options.seed), 4) for instances in _PACK_INSTANCES}}
-    return stats
 
 
 def _log_summary(stats, num_shards, output_dir) -> None:

@@ -331,6 +331,21 @@ def packed_padding_fraction(length_counts: dict[int, int], *, max_seq_length: in
     return 1.0 - float(lengths.sum()) / (rows * max_seq_length)
 
 
+def padding_stats(length_counts: dict[int, int], *, max_seq_length: int, packed: bool, seed: int = 0,
+                  window: int = 256, max_instances_per_row=(4, 8)) -> dict:
+    """metadata.json's padding figures of records with these lengths ({tokens: records}): "padding_fraction" as
+    written and, if `packed`, "packed_padding_fraction" packed as the input pipeline packs them (data.pack_window's
+    default window, data.max_instances_per_row's default 4 and a larger 8 for long rows)."""
+    tokens, records = sum(length * count for length, count in length_counts.items()), sum(length_counts.values())
+    stats = {"padding_fraction": round(1.0 - tokens / (records * max_seq_length), 4) if records else 0.0}
+    if packed:
+        stats["packed_padding_fraction"] = {"pack_window": window, **{
+            f"max_instances_per_row_{instances}": round(packed_padding_fraction(
+                length_counts, max_seq_length=max_seq_length, max_instances_per_row=instances, window=window,
+                seed=seed), 4) for instances in max_instances_per_row}}
+    return stats
+
+
 def pack_dataset(dataset, *, batch_size: int, max_seq_length: int, options: PackingOptions):
     """A tf.data stage: batches of instances in, batches of `batch_size` packed rows out (partial ones dropped).
 

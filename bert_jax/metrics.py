@@ -27,7 +27,8 @@ def summarize_eval(sums: dict[str, float]) -> dict[str, float]:
     return {"eval_mlm_loss": mlm_loss, "eval_mlm_accuracy": sums["mlm_correct"] / max(sums["mlm_weight"], 1e-5),
             "eval_mlm_perplexity": math.exp(min(mlm_loss, 80.0)),
             **({"eval_nsp_loss": sums["nsp_loss_sum"] / sums["nsp_count"],
-                "eval_nsp_accuracy": sums["nsp_correct"] / sums["nsp_count"]} if "nsp_loss_sum" in sums else {})}
+                "eval_nsp_accuracy": sums["nsp_correct"] / sums["nsp_count"]}
+               if "nsp_loss_sum" in sums and sums["nsp_count"] > 0 else {})}  # MLM-only rows have no NSP label
 
 
 def model_flops_per_sequence(config, seq_length: int, max_predictions: int) -> float:

@@ -204,6 +204,9 @@ def pretraining_config(size: str = "tiny", data_source: str = "corpus", arch: st
     data.tokenizer_vocab_size = 8192  # size of a trained vocab (the model pads it to a multiple of 128)
     data.do_lower_case = True  # lower-case (and strip accents) before tokenising
     data.dupe_factor = 1  # passes over the corpus when making instances (dynamic masking varies masks anyway)
+    # Instances made from data.corpus: "pairs" (BERT's NSP sentence pairs), or MLM-only, without labels, "rows"
+    # (documents joined by [SEP], cut into full rows) or "fragments" (documents cut alone; for data.pack).
+    data.instances = "pairs"
     data.eval_every_nth_document = 50  # every n-th corpus document is held out for evaluation; 0 = no held-out set
     data.masking = "auto"  # "auto" (static if the records carry masks, else dynamic), "static" or "dynamic"
     data.masked_lm_prob = 0.15  # fraction of tokens predicted (dynamic masking and data creation)

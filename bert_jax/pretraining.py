@@ -41,7 +41,7 @@ def evaluate(eval_step, params, batches: Iterator, batch_sharding, num_batches: 
     sums, count = sum_over_batches(eval_step, params, batches, batch_sharding, num_batches)
     if not count:
         raise ValueError("evaluation read no batch: the held-out data (--config.data.eval_input_files) is empty")
-    records = int(round(sums["nsp_count"]))
+    records = int(round(sums["records"]))
     logging.info("evaluation: %d held-out records (%d masked tokens) in %d batches", records,
                  int(round(sums["mlm_weight"])), count)
     return dict(metrics_lib.summarize_eval(sums), eval_records=records)

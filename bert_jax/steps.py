@@ -91,7 +91,8 @@ def make_grad_fn(model: nn.Module, rules):
 
 def batch_denominators(batch):
     """The whole batch's MLM and NSP normalisers (see pretraining_loss): NSP counts instances (packed: real ones)."""
-    nsp_count = (jnp.sum(batch["nsp_weights"].astype(jnp.float32)) if "nsp_weights" in batch
+    # At least 1: a batch of MLM-only rows (nsp_weights all 0) has NSP terms of 0, and 0 / 1 is a loss of 0, not NaN.
+    nsp_count = (jnp.maximum(jnp.sum(batch["nsp_weights"].astype(jnp.float32)), 1.0) if "nsp_weights" in batch
                  else jnp.asarray(batch["input_ids"].shape[0], jnp.float32))
     return jnp.sum(batch["masked_lm_weights"].astype(jnp.float32)) + 1e-5, nsp_count
 
@@ -192,7 +193,8 @@ def make_eval_step(model: nn.Module, rules):
 
     The sums are weighted (masked_lm_weights; nsp_weights where the batch has them, else 1 per row), so rows of
     weight 0, such as the padding that fills the last held-out batch, add nothing: summed over batches and divided
-    by the summed weights they give each record's metrics exactly once. "nsp_count" counts the weighted records.
+    by the summed weights they give each record's metrics exactly once. "nsp_count" counts the records weighted for
+    NSP, "records" every record (MLM-only rows weigh 0 for NSP).
     """
     def eval_step(params, batch):
         with nn.logical_axis_rules(rules):
@@ -202,12 +204,17 @@ def make_eval_step(model: nn.Module, rules):
         # 0 * NaN is NaN: whatever an all-padding row computes, it must not reach the sums.
         real_predictions = batch["masked_lm_weights"] > 0
         mlm_xent, mlm_correct = (jnp.where(real_predictions, term, 0.0) for term in (mlm_xent, mlm_correct))
-        _, nsp_count = batch_denominators(batch)
+        nsp_count = (jnp.sum(batch["nsp_weights"].astype(jnp.float32)) if "nsp_weights" in batch
+                     else jnp.asarray(batch["input_ids"].shape[0], jnp.float32))
+        # Padding rows are all zeros; a packed row holds as many records as its highest instance id.
+        records = (jnp.sum(jnp.max(batch["instance_ids"], axis=-1)) if "instance_ids" in batch
+                   else jnp.sum(batch["input_mask"][:, 0] > 0)).astype(jnp.float32)
         sums = {
             "mlm_loss_sum": jnp.sum(mlm_xent),
             "mlm_correct": jnp.sum(mlm_correct),
             "mlm_weight": jnp.sum(batch["masked_lm_weights"].astype(jnp.float32)),
-            "nsp_count": nsp_count,  # the records, which a masked-LM-only model counts too
+            "nsp_count": nsp_count,
+            "records": records,
         }
         if "nsp_logits" not in outputs:
             return sums

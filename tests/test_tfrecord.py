@@ -117,10 +117,17 @@ def test_hand_framed_tfrecords_equal_tensorflows(tmp_path):
 def test_missing_feature_is_named(tmp_path):
     int_feature = lambda values: tf.train.Feature(int64_list=tf.train.Int64List(value=values))  # noqa: E731
     features = {name: int_feature([1] * 8) for name in ("input_ids", "input_mask", "segment_ids")}
-    path = _write(tmp_path / "no_nsp.tfrecord",
+    features.update(masked_lm_ids=int_feature([1, 2]), next_sentence_labels=int_feature([0]))
+    path = _write(tmp_path / "no_positions.tfrecord",
                   [tf.train.Example(features=tf.train.Features(feature=features)).SerializeToString()])
     with pytest.raises(ValueError, match="no feature 'masked_lm_positions'"):
         tfrecord.check_record_layout(path, 8, 2)
+    # The sequences alone, without a next-sentence label, are MLM-only rows for dynamic masking.
+    for name in ("masked_lm_ids", "next_sentence_labels"):
+        del features[name]
+    path = _write(tmp_path / "mlm_only.tfrecord",
+                  [tf.train.Example(features=tf.train.Features(feature=features)).SerializeToString()])
+    assert tfrecord.check_record_layout(path, 8, 2) == tfrecord.record_format(path) == "mlm_unmasked"
 
 
 def test_non_tfrecord_file_is_a_clear_error(tmp_path):

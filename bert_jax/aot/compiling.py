@@ -67,8 +67,10 @@ def _abstract_batch(config) -> dict[str, jax.ShapeDtypeStruct]:
     data, batch_size = config.data, config.train.batch_size
     seq_length, max_predictions = data.max_seq_length, data.max_predictions_per_seq
     if not data.get("pack", False):
-        return {name: jax.ShapeDtypeStruct(value.shape, value.dtype)
-                for name, value in train.dummy_batch(batch_size, seq_length, max_predictions).items()}
+        batch = train.dummy_batch(batch_size, seq_length, max_predictions)
+        if data.source == "corpus" and data.get("instances", "pairs") != "pairs":
+            batch["nsp_weights"] = np.zeros((batch_size,), np.float32)  # MLM-only rows carry NSP weights of 0
+        return {name: jax.ShapeDtypeStruct(value.shape, value.dtype) for name, value in batch.items()}
     from bert_jax.data import packing  # pylint: disable=import-outside-toplevel
     widths = packing.feature_widths(seq_length, packing.PackingOptions.from_config(data))
     return {name: jax.ShapeDtypeStruct((batch_size, width),

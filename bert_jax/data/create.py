@@ -25,6 +25,8 @@ Beyond the original:
   * masking="none": records hold only input_ids, input_mask, segment_ids and next_sentence_labels, for a
     pipeline that masks dynamically. (Skipping the masking draws changes the rng sequence, so these instances are
     not the unmasked twins of a static run.)
+  * instances="rows" or "fragments": masked-LM-only instances of contiguous text without pairs or labels (the
+    MLM-only layouts, no next_sentence_labels), see bert_jax.data.instances. short_seq_prob does not apply.
 """
 
 from __future__ import annotations
@@ -51,11 +53,13 @@ from bert_jax import record_framing
 from bert_jax import runtime
 from bert_jax.data import corpus
 from bert_jax.data import instances as instances_lib
+from bert_jax.data import packing
 from bert_jax.data import tfrecord
 from bert_jax.data import tokenization
 from bert_jax.data.instances import create_instances_from_document, create_masked_lm_predictions
 
 MASKING_MODES = ("static", "none")
+INSTANCE_KINDS = ("pairs", "rows", "fragments")
 METADATA_FILE = "metadata.json"
 TOKENIZER_DIR = "tokenizer"
 
@@ -73,6 +77,9 @@ class DataOptions:
     sentence_order_prediction: bool = False  # SOP (ALBERT) pairs instead of NSP's random-next pairs
     masking: str = "static"  # "static" writes masks into the records; "none" leaves masking to the input pipeline
     seed: int = 12345  # seeds chunk 0 exactly like the original's --random_seed
+    # "pairs" (the original's NSP/SOP sentence pairs), or MLM-only "rows" (a chunk's documents joined by [SEP] and
+    # cut into full rows) or "fragments" (each document cut alone, for packing when read); no label for either.
+    instances: str = "pairs"
 
     def validate(self) -> "DataOptions":
         """Raises ValueError naming the first bad field (and its command-line flag)."""
@@ -81,6 +88,11 @@ class DataOptions:
         if not isinstance(self.max_seq_length, int) or self.max_seq_length < 5:
             raise bad("max_seq_length", "max_seq_length", "must be an integer >= 5 ([CLS], [SEP], [SEP] and at "
                       "least one token for each of the two segments)")
+        if self.instances not in INSTANCE_KINDS:
+            raise bad("instances", "instances", f"must be one of {INSTANCE_KINDS}")
+        if self.instances != "pairs" and self.sentence_order_prediction:
+            raise bad("instances", "instances", "MLM-only instances have no sentence pairs to order: use "
+                      "instances='pairs' with sentence_order_prediction, or turn it off")
         if self.masking not in MASKING_MODES:
             raise bad("masking", "masking", f"must be one of {MASKING_MODES}")
         if self.masking == "static":
@@ -145,25 +157,39 @@ class ChunkProcessor:
         encode = functools.partial(tfrecord.serialize_example, max_seq_length=options.max_seq_length,
                                    max_predictions_per_seq=options.max_predictions_per_seq)
         instances = tokens = predictions = random_next = 0
-        for _ in range(options.dupe_factor):
-            for document_index in range(len(all_documents)):
-                for instance in create_instances_from_document(
-                        all_documents, document_index, rng, max_seq_length=options.max_seq_length,
-                        short_seq_prob=options.short_seq_prob, cls_id=self.tokenizer.cls_id,
-                        sep_id=self.tokenizer.sep_id, sentence_order_prediction=options.sentence_order_prediction,
-                        mask_fn=self.mask_fn):
-                    records.append(encode(instance))
-                    instances += 1
-                    tokens += len(instance.input_ids)
-                    random_next += instance.next_sentence_label
-                    if instance.masked_lm_positions is not None:
-                        predictions += len(instance.masked_lm_positions)
+        lengths = collections.Counter()  # tokens per record: the padding fraction, and packing's, in metadata.json
+        for instance in self._instances(all_documents, rng):
+            records.append(encode(instance))
+            instances += 1
+            tokens += len(instance.input_ids)
+            lengths[len(instance.input_ids)] += 1
+            random_next += instance.next_sentence_label or 0
+            if instance.masked_lm_positions is not None:
+                predictions += len(instance.masked_lm_positions)
         # The shuffle depends on the count only, so shuffling the bytes matches the original shuffling instances.
         instances_lib.shuffle(records, rng)
         stats = {"corpus_documents": len(documents), "documents": len(all_documents),
                  "sentences": sum(len(document) for document in all_documents), "instances": instances,
-                 "tokens": tokens, "predictions": predictions, "random_next": random_next}
+                 "tokens": tokens, "predictions": predictions, "random_next": random_next,
+                 **{f"length_{length}": count for length, count in lengths.items()}}
         return records, stats
+
+    def _instances(self, all_documents, rng) -> Iterator[instances_lib.TrainingInstance]:
+        """The chunk's instances in creation order: dupe_factor passes over its (shuffled) documents."""
+        options, cls_id, sep_id = self.options, self.tokenizer.cls_id, self.tokenizer.sep_id
+        common = dict(max_seq_length=options.max_seq_length, cls_id=cls_id, sep_id=sep_id, mask_fn=self.mask_fn)
+        for pass_index in range(options.dupe_factor):
+            if options.instances == "rows":
+                yield from instances_lib.create_rows(all_documents, rng, first_pass=pass_index == 0, **common)
+                continue
+            for document_index in range(len(all_documents)):
+                if options.instances == "fragments":
+                    yield from instances_lib.create_fragments(all_documents[document_index], rng,
+                                                              first_pass=pass_index == 0, **common)
+                else:
+                    yield from create_instances_from_document(
+                        all_documents, document_index, rng, short_seq_prob=options.short_seq_prob,
+                        sentence_order_prediction=options.sentence_order_prediction, **common)
 
 
 _worker_processor: ChunkProcessor | None = None
@@ -393,12 +419,13 @@ def _check_not_empty(source, totals, corpus_stats) -> None:
 
 def _metadata(source, tokenizer, options, corpus_stats, totals, *, elapsed, num_shards, documents_per_chunk,
               text_format, text_field, prefix, final_paths) -> dict:
-    static = options.masking == "static"
+    layout = tfrecord.layout_of_options(options.masking == "static", options.instances == "pairs")
     return {
-        "format": "masked" if static else "unmasked",
-        "features": list(tfrecord.MASKED_FEATURES if static else tfrecord.UNMASKED_FEATURES),
+        "format": layout,
+        "features": list(tfrecord.features_of(layout)),
         **{field: value for field, value in dataclasses.asdict(options).items() if field != "masking"},
-        "next_sentence_labels": ("0 = original order, 1 = A and B swapped" if options.sentence_order_prediction
+        "next_sentence_labels": (None if options.instances != "pairs"  # MLM-only rows: no pair, no label
+                                 else "0 = original order, 1 = A and B swapped" if options.sentence_order_prediction
                                  else "0 = B follows A, 1 = B is from a random document"),
         "num_shards": num_shards, "documents_per_chunk": documents_per_chunk, "source": source,
         "text_format": text_format, "text_field": text_field, "prefix": prefix,
@@ -413,17 +440,20 @@ def _metadata(source, tokenizer, options, corpus_stats, totals, *, elapsed, num_
             "masked_fraction": totals["predictions"] / totals["tokens"],
             "nsp_random_fraction": totals["random_next"] / totals["instances"],  # the share of label 1
             "elapsed_s": round(elapsed, 3), "instances_per_s": round(totals["instances"] / elapsed, 1),
+            # Fragments are made to be packed: their padding after packing too.
+            **packing.padding_stats({int(key[len("length_"):]): count for key, count in totals.items()
+                                     if key.startswith("length_")}, max_seq_length=options.max_seq_length,
+                                    packed=options.instances == "fragments", seed=options.seed),
         },
     }
 
 
 def _log_summary(stats, num_shards, output_dir) -> None:
     logging.info("wrote %d instances from %d documents (%d sentences, %d non-UTF-8 lines and %d bad records skipped) "
-                 "into %d shard(s) in %s: %.1f s, %.0f instances/s, masked %.2f%% of tokens, label 1 in %.1f%%",
-                 stats["instances"], stats["documents"], stats["sentences"], stats["skipped_lines"],
-                 stats["bad_records"], num_shards, output_dir,
-                 stats["elapsed_s"], stats["instances_per_s"], 100 * stats["masked_fraction"],
-                 100 * stats["nsp_random_fraction"])
+                 "into %d shard(s) in %s: %.1f s, %.0f instances/s, masked %.2f%% of tokens, label 1 in %.1f%%, "
+                 "padding %.1f%%", stats["instances"], stats["documents"], stats["sentences"], stats["skipped_lines"],
+                 stats["bad_records"], num_shards, output_dir, stats["elapsed_s"], stats["instances_per_s"],
+                 100 * stats["masked_fraction"], 100 * stats["nsp_random_fraction"], 100 * stats["padding_fraction"])
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -453,6 +483,9 @@ def define_flags() -> None:
         define(name, getattr(defaults, name), about)
     flags.DEFINE_enum("masking", defaults.masking, list(MASKING_MODES),
                       "'static' writes masks; 'none' writes unmasked records for dynamic masking.")
+    flags.DEFINE_enum("instances", defaults.instances, list(INSTANCE_KINDS),
+                      "'pairs': BERT's sentence pairs with NSP labels; MLM-only, no labels: 'rows' (documents "
+                      "joined by [SEP], cut into full rows) or 'fragments' (documents cut alone, to be packed).")
     flags.DEFINE_integer("num_shards", 1, "Output files; records are dealt round-robin.")
     flags.DEFINE_integer("num_workers", None, "Worker processes (default: all cores; 0 = in this process).")
     flags.DEFINE_integer("documents_per_chunk", 2000, "Documents processed together (the original algorithm's "
@@ -477,7 +510,7 @@ def _main(argv) -> None:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     values = flags.FLAGS
     same_names = ("max_seq_length", "max_predictions_per_seq", "masked_lm_prob", "short_seq_prob", "dupe_factor",
-                  "sentence_order_prediction", "masking")
+                  "sentence_order_prediction", "masking", "instances")
     options = DataOptions(whole_word_mask=values.do_whole_word_mask, seed=values.random_seed,
                           **{name: values[name].value for name in same_names})
     try:

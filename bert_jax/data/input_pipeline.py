@@ -1,7 +1,8 @@
 """Input pipeline: pretraining TFRecords (original google-research/bert layout) -> numpy batches.
 
 Records with static masks are read as written; unmasked records (no masked_lm_* features) are masked here, in
-tf.data, with fresh masks each time a record is read (`dynamic_mask`).
+tf.data, with fresh masks each time a record is read (`dynamic_mask`). MLM-only rows (no next_sentence_labels) get
+next_sentence_labels 0 and nsp_weights 0, so that a model with an NSP head learns nothing from them for NSP.
 
 Every function here returns host-local batches of `batch_size` sequences for this process; turning them into one
 global jax.Array is the sharding module's job. Batches are dicts of numpy arrays:
@@ -62,8 +63,16 @@ def _parse_batch(serialized, spec):
     batch = tf.io.parse_example(serialized, spec)
     # int32 is what the model's embedding lookups and one-hots want, and halves the host-to-device transfer.
     batch = {name: tf.cast(value, tf.int32) if value.dtype == tf.int64 else value for name, value in batch.items()}
-    batch["next_sentence_labels"] = tf.squeeze(batch["next_sentence_labels"], axis=-1)
+    if "next_sentence_labels" in batch:
+        batch["next_sentence_labels"] = tf.squeeze(batch["next_sentence_labels"], axis=-1)
+    else:  # MLM-only rows: a label of weight 0 (added by _without_nsp), so that every batch has the same fields
+        batch["next_sentence_labels"] = tf.zeros(tf.shape(batch["input_ids"])[:1], tf.int32)
     return batch
+
+
+def _without_nsp(batch):
+    """MLM-only rows weigh 0 for NSP: no loss, gradient or accuracy from a label they do not have."""
+    return dict(batch, nsp_weights=tf.zeros(tf.shape(batch["input_ids"])[:1], tf.float32))
 
 
 def _use_dynamic_masking(masking: str, layout: str, flag: str) -> bool:
@@ -71,10 +80,10 @@ def _use_dynamic_masking(masking: str, layout: str, flag: str) -> bool:
         raise ValueError(f"--config.data.masking={masking!r} is not one of {_MASKING_MODES}: 'auto' masks unmasked "
                          "records dynamically and keeps the masks of masked ones, 'static' requires masked records, "
                          "'dynamic' re-masks every record each time it is read")
-    if masking == "static" and layout == "unmasked":
+    if masking == "static" and not tfrecord.is_masked(layout):
         raise ValueError(f"{flag} holds unmasked records (no masked_lm_* features) but --config.data.masking is "
                          "'static'; set it to 'dynamic' or 'auto' to mask them in the input pipeline")
-    return masking == "dynamic" or layout == "unmasked"
+    return masking == "dynamic" or not tfrecord.is_masked(layout)
 
 
 def _pad_rows(batch, batch_size: int):
@@ -149,6 +158,8 @@ def tfrecord_dataset(patterns: str, *, batch_size: int, max_seq_length: int, max
                                   whole_word_continuation=whole_word_continuation)
     else:
         dataset = dataset.map(lambda serialized: _parse_batch(serialized, spec), num_parallel_calls=tf.data.AUTOTUNE)
+    if not tfrecord.has_nsp_label(layout):
+        dataset = dataset.map(_without_nsp, num_parallel_calls=tf.data.AUTOTUNE)
     dataset = _pack_and_pad(dataset, packing, batch_size=batch_size, max_seq_length=max_seq_length,
                             pad_final_batch=pad_final_batch)
     return _deterministic(dataset.prefetch(tf.data.AUTOTUNE))
@@ -196,7 +207,7 @@ def _parse_and_mask(dataset: tf.data.Dataset, spec, layout: str, *, seed: int, p
 
     def parse_and_mask(batch_number, serialized):
         batch = _parse_batch(serialized, spec)
-        if layout == "masked":
+        if tfrecord.is_masked(layout):
             batch = restore_original_tokens(batch)
         return dynamic_mask(batch, max_predictions_per_seq=max_predictions_per_seq,
                             masked_lm_prob=masked_lm_prob, vocab_size=vocab_size, special_ids=special_ids,

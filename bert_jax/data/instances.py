@@ -1,9 +1,17 @@
-"""The original BERT instance algorithm on token ids.
+"""Pretraining instances on token ids: the original BERT algorithm, and MLM-only rows.
 
 Sentence pairs from documents (`create_instances_from_document`), the masked-LM draw
 (`create_masked_lm_predictions`) and `truncate_seq_pair` consume a `random.Random` in exactly the order of
 google-research/bert's create_pretraining_data.py, so the same seed gives the same instances. Their encoding as
 records is bert_jax.data.tfrecord's; orchestration over a corpus lives in bert_jax.data.create.
+
+For masked-LM-only encoders (no NSP), `create_rows` and `create_fragments` fill sequences with contiguous text
+instead, with no pairs and no label (next_sentence_label None):
+  * rows: a chunk's documents joined by [SEP] into one stream, cut into rows of [CLS] + max_seq_length-2 tokens +
+    [SEP]; only the stream's last row is short. A row may span documents (as ModernBERT's concatenated rows).
+  * fragments: each document cut alone into pieces of max_seq_length-2 tokens, [CLS] piece [SEP]; only a
+    document's last piece is short. Meant to be packed when read (data.pack), which gives each piece its own
+    attention and positions.
 """
 
 from __future__ import annotations
@@ -20,7 +28,7 @@ class TrainingInstance(NamedTuple):
     segment_ids: list[int]  # 0 for [CLS] A [SEP], 1 for B [SEP]
     masked_lm_positions: list[int] | None  # ascending; None when not masked (masking="none")
     masked_lm_ids: list[int] | None  # the original ids at those positions
-    next_sentence_label: int  # NSP: 1 = B is from a random document; SOP: 1 = A and B swapped
+    next_sentence_label: int | None  # NSP: 1 = B is from a random document; SOP: 1 = A and B swapped; None: no pair
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -226,3 +234,60 @@ def _make_instance(tokens_a: list[int], tokens_b: list[int], label: int, rng: ra
         return TrainingInstance(input_ids, segment_ids, None, None, label)
     masked_ids, positions, labels = mask_fn(input_ids, rng)
     return TrainingInstance(masked_ids, segment_ids, positions, labels, label)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# MLM-only instances: contiguous text, no pairs. A pass after the first (dupe_factor) starts its cuts at a random
+# offset, so that its rows are not the first pass's again (their masks differ anyway).
+
+
+def _mlm_instance(tokens: list[int], rng: random.Random, *, cls_id: int, sep_id: int,
+                  mask_fn: Callable | None) -> TrainingInstance:
+    input_ids = [cls_id, *tokens, sep_id]
+    segment_ids = [0] * len(input_ids)
+    if mask_fn is None:
+        return TrainingInstance(input_ids, segment_ids, None, None, None)
+    masked_ids, positions, labels = mask_fn(input_ids, rng)
+    return TrainingInstance(masked_ids, segment_ids, positions, labels, None)
+
+
+def create_rows(all_documents: Sequence[Sequence[Sequence[int]]], rng: random.Random, *, max_seq_length: int,
+                cls_id: int, sep_id: int, first_pass: bool = True,
+                mask_fn: Callable | None = None) -> list[TrainingInstance]:
+    """Full rows of the documents, in their order, joined by [SEP] and cut every max_seq_length-2 tokens.
+
+    After the first pass the documents are shuffled again and the stream is rotated by a random offset (its head
+    goes to its end, after a [SEP]), so rows start elsewhere and no token is lost: only the last row is short.
+    """
+    if not first_pass:
+        all_documents = list(all_documents)
+        shuffle(all_documents, rng)
+    stream = []
+    for document in all_documents:
+        if stream:
+            stream.append(sep_id)
+        for sentence in document:
+            stream.extend(sentence)
+    width = max_seq_length - 2
+    if not first_pass and len(stream) > width:
+        offset = rng.randrange(width)
+        stream = stream[offset:] + [sep_id] + stream[:offset] if offset else stream
+    return [_mlm_instance(stream[start:start + width], rng, cls_id=cls_id, sep_id=sep_id, mask_fn=mask_fn)
+            for start in range(0, len(stream), width)]
+
+
+def create_fragments(document: Sequence[Sequence[int]], rng: random.Random, *, max_seq_length: int, cls_id: int,
+                     sep_id: int, first_pass: bool = True,
+                     mask_fn: Callable | None = None) -> list[TrainingInstance]:
+    """One document cut into pieces of max_seq_length-2 tokens, in order; only the last piece is short.
+
+    After the first pass a document longer than one piece is cut from a random offset on, and the head before it
+    is one more (short) piece: no token is lost, and a piece never joins the document's end to its start.
+    """
+    tokens = list(itertools.chain.from_iterable(document))
+    width = max_seq_length - 2
+    offset = rng.randrange(width) if not first_pass and len(tokens) > width else 0
+    pieces = [tokens[start:start + width] for start in range(offset, len(tokens), width)]
+    if offset:
+        pieces.append(tokens[:offset])
+    return [_mlm_instance(piece, rng, cls_id=cls_id, sep_id=sep_id, mask_fn=mask_fn) for piece in pieces]

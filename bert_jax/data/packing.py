@@ -25,7 +25,8 @@ tokens at 128 and 55.5% -> 1.7% at 512; a window of 32 packs less tightly (5.2% 
 Packed batch layout (B rows of length T, I = max_instances_per_row, P = max_predictions_per_row):
 input_ids, input_mask, segment_ids, position_ids, instance_ids int32 [B, T]; masked_lm_positions, masked_lm_ids
 int32 [B, P]; masked_lm_weights float32 [B, P]; nsp_positions, next_sentence_labels int32 [B, I]; nsp_weights
-float32 [B, I] (1 for a real instance, 0 for an empty slot).
+float32 [B, I] (1 for a real instance, 0 for an empty slot, and for an instance whose own nsp_weights is 0: an
+MLM-only row).
 
 This module imports TensorFlow only where it packs, so config validation works without it; `pack_batch_numpy` is
 the same packer in numpy, for a process with no TensorFlow at all.
@@ -205,7 +206,10 @@ def _pack_tensors(batch, *, max_instances_per_row: int, max_predictions_per_row:
     packed["nsp_positions"] = scatter(where, token_offset, max_instances_per_row)
     packed["next_sentence_labels"] = scatter(
         where, tf.reshape(tf.cast(batch["next_sentence_labels"], tf.int32), [count]), max_instances_per_row)
-    packed["nsp_weights"] = scatter(where, tf.ones([count], tf.float32), max_instances_per_row)
+    # An instance's own nsp_weights where it has them (0 for MLM-only rows, which have no label), else 1.
+    nsp_weights = (tf.reshape(tf.cast(batch["nsp_weights"], tf.float32), [count]) if "nsp_weights" in batch
+                   else tf.ones([count], tf.float32))
+    packed["nsp_weights"] = scatter(where, nsp_weights, max_instances_per_row)
     return packed
 
 
@@ -225,7 +229,7 @@ def pack_batch(batch: dict[str, np.ndarray], *, max_instances_per_row: int,
     """
     pack = _compiled(_pack_tensors, max_instances_per_row=max_instances_per_row,
                      max_predictions_per_row=max_predictions_per_row)
-    packed = pack({name: np.asarray(batch[name]) for name in INSTANCE_FEATURES})
+    packed = pack({name: np.asarray(batch[name]) for name in (*INSTANCE_FEATURES, "nsp_weights") if name in batch})
     return {name: value.numpy() for name, value in packed.items()}
 
 
@@ -260,22 +264,9 @@ def pack_batch_numpy(batch: dict[str, np.ndarray], *, max_instances_per_row: int
     if (is_prediction & (source_positions >= lengths[:, None])).any():
         raise ValueError("a masked_lm_position points at padding; packing would move it into another instance")
 
-    # The placement: sequential, as `_placement`'s while loop, over the rows opened so far.
-    row, slot, token_offset, prediction_offset = (np.zeros(count, np.int64) for _ in range(4))
-    tokens_used, predictions_used, instances_in_row = (np.zeros(count, np.int64) for _ in range(3))
-    opened = 0
-    for instance in np.argsort(-lengths, kind="stable"):
-        fits = ((tokens_used[:opened] + lengths[instance] <= max_seq_length)
-                & (predictions_used[:opened] + num_predictions[instance] <= max_predictions_per_row)
-                & (instances_in_row[:opened] < max_instances_per_row))
-        target = int(np.argmax(fits)) if fits.any() else opened
-        opened = max(opened, target + 1)
-        row[instance], slot[instance] = target, instances_in_row[target]
-        token_offset[instance], prediction_offset[instance] = tokens_used[target], predictions_used[target]
-        tokens_used[target] += lengths[instance]
-        predictions_used[target] += num_predictions[instance]
-        instances_in_row[target] += 1
-
+    row, slot, token_offset, prediction_offset, opened = _place_numpy(
+        lengths, num_predictions, max_seq_length=max_seq_length, max_instances_per_row=max_instances_per_row,
+        max_predictions_per_row=max_predictions_per_row)
     widths = feature_widths(max_seq_length, PackingOptions(max_instances_per_row, max_predictions_per_row, count))
     packed = {name: np.zeros((opened, width), np.float32 if name in FLOAT_FEATURES else np.int32)
               for name, width in widths.items()}
@@ -295,8 +286,64 @@ def pack_batch_numpy(batch: dict[str, np.ndarray], *, max_instances_per_row: int
     where = (row, slot)
     packed["nsp_positions"][where] = token_offset
     packed["next_sentence_labels"][where] = np.asarray(batch["next_sentence_labels"]).reshape(count)
-    packed["nsp_weights"][where] = 1.0
+    packed["nsp_weights"][where] = (np.asarray(batch["nsp_weights"], np.float32).reshape(count)
+                                    if "nsp_weights" in batch else 1.0)
     return packed
+
+
+def _place_numpy(lengths, num_predictions, *, max_seq_length: int, max_instances_per_row: int,
+                 max_predictions_per_row: int):
+    """`_placement` in numpy: (row, slot, token_offset, prediction_offset, number of rows)."""
+    count = len(lengths)
+    row, slot, token_offset, prediction_offset = (np.zeros(count, np.int64) for _ in range(4))
+    tokens_used, predictions_used, instances_in_row = (np.zeros(count, np.int64) for _ in range(3))
+    opened = 0
+    # Sequential, as `_placement`'s while loop, over the rows opened so far.
+    for instance in np.argsort(-np.asarray(lengths), kind="stable"):
+        fits = ((tokens_used[:opened] + lengths[instance] <= max_seq_length)
+                & (predictions_used[:opened] + num_predictions[instance] <= max_predictions_per_row)
+                & (instances_in_row[:opened] < max_instances_per_row))
+        target = int(np.argmax(fits)) if fits.any() else opened
+        opened = max(opened, target + 1)
+        row[instance], slot[instance] = target, instances_in_row[target]
+        token_offset[instance], prediction_offset[instance] = tokens_used[target], predictions_used[target]
+        tokens_used[target] += lengths[instance]
+        predictions_used[target] += num_predictions[instance]
+        instances_in_row[target] += 1
+    return row, slot, token_offset, prediction_offset, opened
+
+
+def packed_padding_fraction(length_counts: dict[int, int], *, max_seq_length: int, max_instances_per_row: int,
+                            window: int, max_windows: int = 64, seed: int = 0) -> float:
+    """The padding fraction of records with these lengths ({tokens: records}) packed as the input pipeline packs
+    them: windows of `window` records in shuffled order (training reads them shuffled), each packed alone; at most
+    `max_windows` windows are simulated, a sample of a large corpus. Predictions are not limiting (the default
+    data.max_predictions_per_row holds max_predictions_per_seq per instance slot)."""
+    lengths = np.repeat(np.array(list(length_counts), np.int64), np.array(list(length_counts.values()), np.int64))
+    if not len(lengths):
+        return 0.0
+    lengths = np.random.default_rng(seed).permutation(lengths)[:window * max_windows]
+    rows = 0
+    for start in range(0, len(lengths), window):
+        part = lengths[start:start + window]
+        rows += _place_numpy(part, np.zeros_like(part), max_seq_length=max_seq_length,
+                             max_instances_per_row=max_instances_per_row, max_predictions_per_row=1)[-1]
+    return 1.0 - float(lengths.sum()) / (rows * max_seq_length)
+
+
+def padding_stats(length_counts: dict[int, int], *, max_seq_length: int, packed: bool, seed: int = 0,
+                  window: int = 256, max_instances_per_row=(4, 8)) -> dict:
+    """metadata.json's padding figures of records with these lengths ({tokens: records}): "padding_fraction" as
+    written and, if `packed`, "packed_padding_fraction" packed as the input pipeline packs them (data.pack_window's
+    default window, data.max_instances_per_row's default 4 and a larger 8 for long rows)."""
+    tokens, records = sum(length * count for length, count in length_counts.items()), sum(length_counts.values())
+    stats = {"padding_fraction": round(1.0 - tokens / (records * max_seq_length), 4) if records else 0.0}
+    if packed:
+        stats["packed_padding_fraction"] = {"pack_window": window, **{
+            f"max_instances_per_row_{instances}": round(packed_padding_fraction(
+                length_counts, max_seq_length=max_seq_length, max_instances_per_row=instances, window=window,
+                seed=seed), 4) for instances in max_instances_per_row}}
+    return stats
 
 
 def pack_dataset(dataset, *, batch_size: int, max_seq_length: int, options: PackingOptions):

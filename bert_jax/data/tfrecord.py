@@ -1,9 +1,11 @@
 """The on-disk format of pretraining data: TFRecord files of tf.train.Example in google-research/bert's layout.
 
-Two layouts, told apart by their features:
+Four layouts, told apart by their features:
   "masked"    the original create_pretraining_data.py layout (MASKED_FEATURES), masks fixed when the data was written;
   "unmasked"  only the sequences and the next-sentence label (UNMASKED_FEATURES); the input pipeline masks them
-              afresh each time they are read.
+              afresh each time they are read;
+  "mlm_masked", "mlm_unmasked"  the same without next_sentence_labels (MLM_MASKED_FEATURES, MLM_UNMASKED_FEATURES):
+              masked-LM-only rows of contiguous text, which have no sentence pair to label.
 
 Writing (`serialize_example`; the framing and `TFRecordWriter` are bert_jax.record_framing's, shared with the
 metrics' event files) is done by hand and never imports TensorFlow: it takes seconds and hundreds of MB to import,
@@ -25,7 +27,30 @@ PREDICTION_FEATURES = ("masked_lm_positions", "masked_lm_ids", "masked_lm_weight
 # The original's feature order (an OrderedDict): fixed here so that equal instances are equal bytes.
 MASKED_FEATURES = (*SEQUENCE_FEATURES, *PREDICTION_FEATURES, "next_sentence_labels")
 UNMASKED_FEATURES = (*SEQUENCE_FEATURES, "next_sentence_labels")
-LAYOUTS = ("masked", "unmasked")
+MLM_MASKED_FEATURES = MASKED_FEATURES[:-1]
+MLM_UNMASKED_FEATURES = SEQUENCE_FEATURES
+LAYOUTS = ("masked", "unmasked", "mlm_masked", "mlm_unmasked")
+_LAYOUT_FEATURES = dict(zip(LAYOUTS, (MASKED_FEATURES, UNMASKED_FEATURES, MLM_MASKED_FEATURES,
+                                      MLM_UNMASKED_FEATURES)))
+
+
+def is_masked(layout: str) -> bool:
+    """Whether records of `layout` carry static masks."""
+    return layout in ("masked", "mlm_masked")
+
+
+def has_nsp_label(layout: str) -> bool:
+    """Whether records of `layout` carry next_sentence_labels (the MLM-only layouts do not)."""
+    return layout in ("masked", "unmasked")
+
+
+def layout_of_options(masked: bool, nsp_label: bool) -> str:
+    """The layout a writer produces: static masks or not, a next-sentence label or not."""
+    return ("" if nsp_label else "mlm_") + ("masked" if masked else "unmasked")
+
+
+def features_of(layout: str) -> tuple[str, ...]:
+    return _LAYOUT_FEATURES[layout]
 
 # A BERT example is a few kilobytes; a larger length in a record header means the file is something else.
 _MAX_PEEK_BYTES = 1 << 26
@@ -41,11 +66,11 @@ def _tf():
 
 
 def feature_spec(max_seq_length: int, max_predictions_per_seq: int, layout: str = "masked") -> dict:
-    """The tf.io.parse_example spec of pretraining records in `layout` ("masked" or "unmasked")."""
+    """The tf.io.parse_example spec of pretraining records in `layout` (one of LAYOUTS)."""
     if layout not in LAYOUTS:
-        raise ValueError(f"layout must be 'masked' or 'unmasked', got {layout!r}")
+        raise ValueError(f"layout must be 'masked' or 'unmasked' (or 'mlm_masked', 'mlm_unmasked'), got {layout!r}")
     tf = _tf()
-    names = MASKED_FEATURES if layout == "masked" else UNMASKED_FEATURES
+    names = _LAYOUT_FEATURES[layout]
     lengths = {**dict.fromkeys(SEQUENCE_FEATURES, max_seq_length),
                **dict.fromkeys(PREDICTION_FEATURES, max_predictions_per_seq), "next_sentence_labels": 1}
     return {name: tf.io.FixedLenFeature([lengths[name]], tf.float32 if name == "masked_lm_weights" else tf.int64)
@@ -113,7 +138,8 @@ def _entry(name: str, kind: int, payload: bytes) -> bytes:
 
 def serialize_example(instance, *, max_seq_length: int, max_predictions_per_seq: int) -> bytes:
     """A tf.train.Example of an instances.TrainingInstance in the original layout and feature order, padded to the
-    given lengths. Unmasked instances (positions None) get the unmasked layout's features only."""
+    given lengths. Unmasked instances (positions None) get the unmasked layout's features only, and instances
+    without a label (next_sentence_label None) no next_sentence_labels (the MLM-only layouts)."""
     length = len(instance.input_ids)
     pad = max_seq_length - length
     if pad < 0:
@@ -133,7 +159,8 @@ def serialize_example(instance, *, max_seq_length: int, max_predictions_per_seq:
         entries += [_entry("masked_lm_positions", _INT64_LIST, positions + zeros),
                     _entry("masked_lm_ids", _INT64_LIST, _int_payload(instance.masked_lm_ids) + zeros),
                     _entry("masked_lm_weights", _FLOAT_LIST, _FLOAT_ONE * count + _FLOAT_ZERO * pad)]
-    entries.append(_entry("next_sentence_labels", _INT64_LIST, _VARINTS[instance.next_sentence_label]))
+    if instance.next_sentence_label is not None:
+        entries.append(_entry("next_sentence_labels", _INT64_LIST, _VARINTS[instance.next_sentence_label]))
     body = b"".join(entries)
     return b"\x0a" + (_VARINTS[len(body)] if len(body) < len(_VARINTS) else _varint(len(body))) + body
 
@@ -167,15 +194,15 @@ def _first_example(path: str):
 
 
 def _layout_of(features) -> str:
-    # A record with any masked_lm_* feature, or without the label the unmasked layout needs, is held to the
-    # original layout, so that its errors name what create_pretraining_data.py would have written.
-    if any(name in features for name in PREDICTION_FEATURES) or "next_sentence_labels" not in features:
-        return "masked"
-    return "unmasked"
+    # A record with any masked_lm_* feature is held to a masked layout, so that its errors name what
+    # create_pretraining_data.py would have written; one without next_sentence_labels is an MLM-only row.
+    masked = any(name in features for name in PREDICTION_FEATURES)
+    return layout_of_options(masked, "next_sentence_labels" in features)
 
 
 def record_format(path: str) -> str:
-    """The layout of `path` from its first record: "masked" (static masks, the original layout) or "unmasked".
+    """The layout of `path` from its first record: "masked" (static masks, the original layout), "unmasked", or
+    their MLM-only forms without next_sentence_labels, "mlm_masked" and "mlm_unmasked".
 
     The record is read straight from the file, about a thousand times faster than through a TFRecordDataset, which
     counts when every shard of a large corpus is checked; anything unexpected goes through TF's reader, which
@@ -217,7 +244,7 @@ def check_record_layout(path: str, max_seq_length: int, max_predictions_per_seq:
             raise ValueError(f"{path} has no feature {name!r} (it has {sorted(features)}); "
                              "expected the original BERT pretraining layout written by create_pretraining_data.py, "
                              "or the unmasked layout for dynamic masking (input_ids, input_mask, segment_ids, "
-                             "next_sentence_labels)")
+                             "next_sentence_labels; MLM-only rows without next_sentence_labels)")
         kind = "float_list" if dtype == tf.float32 else "int64_list"
         if features[name].WhichOneof("kind") != kind:
             raise ValueError(f"{path}: feature {name!r} is a {features[name].WhichOneof('kind')}, expected {kind}")
@@ -248,7 +275,14 @@ def check_one_layout(files: list[str], first_layout: str, flag: str) -> None:
     with concurrent.futures.ThreadPoolExecutor(max_workers=16) as pool:  # threads hide remote (gs://) latency
         for path, layout in zip(files[1:], pool.map(record_format, files[1:])):
             examples.setdefault(layout, path)
+    if len({has_nsp_label(layout) for layout in examples}) > 1:
+        with_label = next(path for layout, path in examples.items() if has_nsp_label(layout))
+        without = next(path for layout, path in examples.items() if not has_nsp_label(layout))
+        raise ValueError(f"{flag} mixes sentence-pair records (e.g. {with_label}, with next_sentence_labels) and "
+                         f"MLM-only rows (e.g. {without}, without them); point {flag} at one kind, or regenerate "
+                         "the shards with one --instances")
     if len(examples) > 1:
+        examples = {("masked" if is_masked(layout) else "unmasked"): path for layout, path in examples.items()}
         raise ValueError(f"{flag} mixes masked records (e.g. {examples['masked']}, with masked_lm_* features) and "
                          f"unmasked records (e.g. {examples['unmasked']}, without them); point {flag} at one kind, "
                          "or regenerate the shards so that all of them are masked or all unmasked")

@@ -31,16 +31,17 @@ TOKENIZER_KINDS = ("wordpiece", "sentencepiece_unigram", "sentencepiece_bpe")
 # config.data fields whose change means the data must be made again.
 _SETTINGS = ("corpus", "corpus_format", "corpus_field", "skip_bad_records", "vocab_file", "tokenizer",
              "tokenizer_vocab_size", "do_lower_case", "dupe_factor", "eval_every_nth_document", "max_seq_length",
-             "max_predictions_per_seq", "masked_lm_prob", "whole_word_mask")
+             "max_predictions_per_seq", "masked_lm_prob", "whole_word_mask", "instances")
 
 
 def _settings(config) -> dict:
-    return {**{name: config.data[name] for name in _SETTINGS}, "seed": config.train.seed}
+    return {**{name: config.data.get(name, _EARLIER_SETTINGS[name]) if name in _EARLIER_SETTINGS
+               else config.data[name] for name in _SETTINGS}, "seed": config.train.seed}
 
 
 # Settings added since older workdirs were made, with the value those were made with. Their corpus_format was
 # "lines" where it is "auto" now, the same layout for a corpus of files not named as records (or demo, tfds:).
-_EARLIER_SETTINGS = {"corpus_field": "text", "skip_bad_records": False}
+_EARLIER_SETTINGS = {"corpus_field": "text", "skip_bad_records": False, "instances": "pairs"}
 
 
 def _saved_settings(saved: dict, config) -> dict:
@@ -104,7 +105,8 @@ def _build(config, data_dir: str) -> dict:
     logging.info("tokenizer: %s, %d entries", tokenizer.kind, tokenizer.vocab_size)
     every_nth = data.eval_every_nth_document
     common = dict(max_seq_length=data.max_seq_length, max_predictions_per_seq=data.max_predictions_per_seq,
-                  masked_lm_prob=data.masked_lm_prob, whole_word_mask=data.whole_word_mask, seed=config.train.seed)
+                  masked_lm_prob=data.masked_lm_prob, whole_word_mask=data.whole_word_mask, seed=config.train.seed,
+                  instances=data.get("instances", "pairs"))
     make = functools.partial(create.create_pretraining_data, data.corpus, tokenizer_dir,
                              text_format=data.corpus_format, text_field=data.corpus_field,
                              skip_bad_records=data.skip_bad_records, progress=False, overwrite=True)

@@ -277,3 +277,25 @@ def test_the_format_benchmarks_corpora_hold_the_same_documents_in_every_format(t
     assert len(read["txt"]) >= 20
     assert all(documents == read["txt"] for documents in read.values()), {
         fmt: len(documents) for fmt, documents in read.items()}
+
+
+def test_prose_cut_into_sentences_by_the_workers_gives_the_records_of_the_cut_text(tmp_path):
+    """create cuts records' prose into sentences in its worker processes (iter_documents(split=False), then
+    ChunkProcessor); the records are those of the same sentences cut first and written in the original layout."""
+    lines = [line for line in open(SAMPLE_TEXT, encoding="utf-8").read().split("\n\n") if line.strip()]
+    prose = [" ".join(document.split("\n")) for document in lines]  # each document one paragraph of prose
+    jsonl = tmp_path / "prose.jsonl"
+    jsonl.write_text("".join(json.dumps({"text": text}) + "\n" for text in prose), encoding="utf-8")
+    cut = list(corpus.iter_documents(str(jsonl)))
+    assert all(isinstance(document, corpus.Paragraphs) and len(document) == 1
+               for document in corpus.iter_documents(str(jsonl), split=False))
+    assert sum(map(len, cut)) > 2 * len(cut)  # the prose really was cut
+    text = tmp_path / "cut.txt"
+    text.write_text("".join("\n".join(document) + "\n\n" for document in cut), encoding="utf-8")
+    made = []
+    for path in (jsonl, text):
+        output_dir = str(tmp_path / f"out-{path.name}")
+        create.create_pretraining_data(str(path), VOCAB, output_dir, OPTIONS, num_workers=2, documents_per_chunk=1,
+                                       progress=False)
+        made.append(_shards(output_dir))
+    assert made[0] == made[1] and all(made[0].values())

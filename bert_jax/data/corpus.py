@@ -45,7 +45,7 @@ class CorpusStats:
     documents: int = 0
     sentences: int = 0
     skipped_lines: int = 0  # lines that are not valid UTF-8
-    characters: int = 0  # characters of the yielded sentences
+    characters: int = 0  # characters of the yielded sentences (paragraphs, with split=False)
     bad_records: int = 0  # records without usable text, skipped (skip_bad_records)
 
 
@@ -53,9 +53,28 @@ class EmptyCorpusError(ValueError):
     """A source that holds no document at all."""
 
 
+class Paragraphs(list):
+    """A document of paragraphs not yet cut into sentences (iter_documents(split=False)): `sentences_of` cuts them
+    where the document is used. Cutting is most of the cost of reading records, so pretraining-data creation does
+    it in its worker processes, not in the one process that reads the corpus."""
+
+    __slots__ = ()
+
+
+def sentences_of(document: list[str]) -> list[str]:
+    """A document's sentences: the document itself, or a Paragraphs' paragraphs cut by `split_sentences`."""
+    if isinstance(document, Paragraphs):
+        return [sentence for paragraph in document for sentence in split_sentences(paragraph)]
+    return document
+
+
 def iter_documents(source: str, *, text_format: str = "auto", text_field: str = "text",
-                   skip_bad_records: bool = False, stats: CorpusStats | None = None) -> Iterator[list[str]]:
+                   skip_bad_records: bool = False, split: bool = True,
+                   stats: CorpusStats | None = None) -> Iterator[list[str]]:
     """Yields the documents of `source` (see the module docstring), each a non-empty list of sentence strings.
+
+    With split=False, documents of prose (paragraphs, records, TFDS examples) come as `Paragraphs` instead, for the
+    caller to cut with `sentences_of`, and `stats.sentences` counts their paragraphs.
 
     text_format, text_field and skip_bad_records apply to files only (corpus_formats says what a bad record is).
     Problems with the source itself (no such file, a dataset that is not prepared, a bad text_format) are raised
@@ -73,6 +92,8 @@ def iter_documents(source: str, *, text_format: str = "auto", text_field: str = 
         documents = _iter_tfds_documents(source, stats)
     else:
         documents = _iter_file_documents(resolve_files(source), text_format, text_field, skip_bad_records, stats)
+    if split:
+        documents = map(sentences_of, documents)
     return _counted(documents, source, stats)
 
 
@@ -143,9 +164,13 @@ def _iter_file_documents(files: list[str], text_format: str, text_field: str, sk
                     yield _record_document(text)
 
 
-def _record_document(text: str) -> list[str]:
+def _record_document(text: str) -> Paragraphs:
     # Each line is a paragraph, as in TFDS texts: records keep paragraphs (or pre-split sentences) on their own lines.
-    return [sentence for paragraph in text.split("\n") for sentence in split_sentences(paragraph)]
+    return _paragraphs(text.split("\n"))
+
+
+def _paragraphs(texts: Iterable[str]) -> Paragraphs:
+    return Paragraphs(text for text in texts if text.strip())  # a blank one holds no sentence
 
 
 def iter_byte_lines(stream, head: bytes = b"") -> Iterator[bytes]:
@@ -200,7 +225,7 @@ def _iter_paragraph_documents(files: list[str], stats: CorpusStats) -> Iterator[
     for path in files:
         # The original loop's blank-line-separated groups of lines are exactly this layout's paragraphs.
         paragraphs = _documents_from_lines(_iter_decoded_lines(path, stats, "paragraphs"))
-        yield [sentence for lines in paragraphs for sentence in split_sentences(" ".join(lines))]
+        yield _paragraphs(" ".join(lines) for lines in paragraphs)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -315,7 +340,7 @@ def _iter_tfds_documents(source: str, stats: CorpusStats) -> Iterator[list[str]]
     return (_tfds_document(example[field], stats) for example in dataset.as_numpy_iterator())
 
 
-def _tfds_document(text: bytes, stats: CorpusStats) -> list[str]:
+def _tfds_document(text: bytes, stats: CorpusStats) -> Paragraphs:
     lines = []
     for line in text.split(b"\n"):
         try:
@@ -323,7 +348,7 @@ def _tfds_document(text: bytes, stats: CorpusStats) -> list[str]:
         except UnicodeDecodeError:
             stats.skipped_lines += 1
     paragraphs = _wiki40b_paragraphs(lines) if any(line.strip() in _WIKI40B_MARKERS for line in lines) else lines
-    return [sentence for paragraph in paragraphs for sentence in split_sentences(paragraph)]
+    return _paragraphs(paragraphs)
 
 
 _WIKI40B_MARKERS = frozenset(("_START_ARTICLE_", "_START_SECTION_", "_START_PARAGRAPH_"))

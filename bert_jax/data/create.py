@@ -138,6 +138,7 @@ class ChunkProcessor:
 
     def tokenize(self, documents: Sequence[Sequence[str]]) -> list[list[list[int]]]:
         """Ids per sentence in one batch call; sentences without tokens and then empty documents are dropped."""
+        documents = [corpus.sentences_of(document) for document in documents]  # iter_documents(split=False)'s
         sentence_ids = self.tokenizer.encode_batch([sentence for document in documents for sentence in document])
         tokenized, start = [], 0
         for document in documents:
@@ -374,8 +375,10 @@ def _chunk_results(source, tokenizer, options, start_pool, corpus_stats, *, num_
                    text_format, text_field, skip_bad_records, document_filter) -> Iterator[tuple[list[bytes], dict]]:
     """The corpus's chunks processed, in corpus order: (records, chunk stats) per chunk, computed lazily. In worker
     processes (`start_pool()` starts them) only for a corpus of more than one chunk."""
+    # split=False: the workers cut prose into sentences (ChunkProcessor.tokenize), where the reading process would
+    # be the bottleneck; the sentences, and so the records, are the same.
     documents = corpus.iter_documents(source, text_format=text_format, text_field=text_field,
-                                      skip_bad_records=skip_bad_records, stats=corpus_stats)
+                                      skip_bad_records=skip_bad_records, split=False, stats=corpus_stats)
     if document_filter is not None:
         documents = (document for index, document in enumerate(documents) if document_filter(index))
     tasks = _chunks(documents, documents_per_chunk)

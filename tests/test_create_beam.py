@@ -27,9 +27,10 @@ def _write_corpus(directory):
     return f"{directory}/*.txt"
 
 
-def test_beam_pipeline_writes_the_chunk_transform_of_every_file(tmp_path):
+@pytest.mark.parametrize("instances", ["pairs", "rows"])
+def test_beam_pipeline_writes_the_chunk_transform_of_every_file(instances, tmp_path):
     source = _write_corpus(tmp_path)
-    options = create.DataOptions(dupe_factor=3, seed=7)
+    options = create.DataOptions(dupe_factor=3, seed=7, instances=instances)
     metadata = create_beam.run_beam_pipeline(source, VOCAB, str(tmp_path / "out"), options, num_shards=2,
                                              documents_per_chunk=2)
     written = [record for path in sorted(glob.glob(str(tmp_path / "out" / "train-*-of-00002.tfrecord")))
@@ -43,11 +44,13 @@ def test_beam_pipeline_writes_the_chunk_transform_of_every_file(tmp_path):
     assert collections.Counter(written) == collections.Counter(expected)
     assert len(written) == metadata["stats"]["instances"] > 10
     saved = json.loads((tmp_path / "out" / "metadata.json").read_text())
-    assert saved["format"] == "masked" and saved["num_shards"] == 2
-    # And the records are the original layout: they parse with the original feature spec.
+    assert saved["format"] == {"pairs": "masked", "rows": "mlm_masked"}[instances] and saved["num_shards"] == 2
+    assert saved["instances"] == instances
+    # And the records are the original layout: they parse with the original feature spec (MLM-only rows: no label).
     example = tf.train.Example.FromString(written[0]).features.feature
     assert len(example["input_ids"].int64_list.value) == 128
     assert len(example["masked_lm_positions"].int64_list.value) == 20
+    assert ("next_sentence_labels" in example) == (instances == "pairs")
 
 
 def test_beam_pipeline_refuses_to_overwrite_and_names_missing_input(tmp_path):

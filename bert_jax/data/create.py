@@ -507,19 +507,26 @@ def define_flags() -> None:
     flags.mark_flags_as_required(["input_file", "output_dir", "vocab_file"])
 
 
-def _main(argv) -> None:
-    from absl import app, flags  # pylint: disable=import-outside-toplevel
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    values = flags.FLAGS
+def options_from_flags(values) -> DataOptions:
+    """The DataOptions of define_flags' flags (this command's and the Beam pipeline's), validated; a bad value is a
+    UsageError naming its flag."""
+    from absl import app  # pylint: disable=import-outside-toplevel
     same_names = ("max_seq_length", "max_predictions_per_seq", "masked_lm_prob", "short_seq_prob", "dupe_factor",
                   "sentence_order_prediction", "masking", "instances")
     options = DataOptions(whole_word_mask=values.do_whole_word_mask, seed=values.random_seed,
                           **{name: values[name].value for name in same_names})
     try:
-        options.validate()
+        return options.validate()
     except ValueError as error:
         raise app.UsageError(str(error)) from None
+
+
+def _main(argv) -> None:
+    from absl import app, flags  # pylint: disable=import-outside-toplevel
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    values = flags.FLAGS
+    options = options_from_flags(values)
     create_pretraining_data(values.input_file, values.vocab_file, values.output_dir, options,
                             num_shards=values.num_shards, num_workers=values.num_workers,
                             documents_per_chunk=values.documents_per_chunk, text_format=values.text_format,

@@ -26,6 +26,7 @@ from bert_jax import fileio
 from bert_jax import runtime
 from bert_jax.data import corpus
 from bert_jax.data import create
+from bert_jax.data import tfrecord
 from bert_jax.data import tokenization
 
 _COUNTERS = ("documents", "sentences", "instances", "tokens", "predictions", "random_next")
@@ -122,9 +123,10 @@ def run_beam_pipeline(source: str, tokenizer_path: str, output_dir: str, options
     if not stats["instances"]:
         raise ValueError(f"the corpus {source!r} gave no instances: its files hold no non-empty sentences")
     tokenizer.save(os.path.join(output_dir, create.TOKENIZER_DIR))
-    metadata = {"format": "masked" if options.masking == "static" else "unmasked", "runner": "beam",
+    layout = tfrecord.layout_of_options(options.masking == "static", options.instances == "pairs")
+    metadata = {"format": layout, "features": list(tfrecord.features_of(layout)), "runner": "beam",
                 **{key: getattr(options, key) for key in ("max_seq_length", "max_predictions_per_seq",
-                                                          "masked_lm_prob", "whole_word_mask",
+                                                          "masked_lm_prob", "whole_word_mask", "instances",
                                                           "sentence_order_prediction", "dupe_factor", "seed")},
                 "num_shards": num_shards, "files": fileio.glob(fileio.join(output_dir, f"{prefix}-*-of-*.tfrecord")),
                 "tokenizer": {"kind": tokenizer.kind, "vocab_size": tokenizer.vocab_size,
@@ -140,12 +142,7 @@ def run_beam_pipeline(source: str, tokenizer_path: str, output_dir: str, options
 def _main(argv):
     flag_values = flags.FLAGS
     # absl leaves everything after `--` in argv: those are the Beam pipeline options.
-    options = create.DataOptions(
-        max_seq_length=flag_values.max_seq_length, max_predictions_per_seq=flag_values.max_predictions_per_seq,
-        masked_lm_prob=flag_values.masked_lm_prob, short_seq_prob=flag_values.short_seq_prob,
-        dupe_factor=flag_values.dupe_factor, whole_word_mask=flag_values.do_whole_word_mask,
-        sentence_order_prediction=flag_values.sentence_order_prediction, masking=flag_values.masking,
-        seed=flag_values.random_seed)
+    options = create.options_from_flags(flag_values)
     run_beam_pipeline(flag_values.input_file, flag_values.vocab_file, flag_values.output_dir, options,
                       num_shards=flag_values.num_shards, documents_per_chunk=flag_values.documents_per_chunk,
                       text_format=flag_values.text_format, text_field=flag_values.text_field,

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from bert_jax.data import corpus
+from bert_jax.data import demo_corpus
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAMPLE_TEXT = os.path.join(ROOT, "tests", "fixtures", "google_bert", "sample_text.txt")
@@ -150,7 +151,7 @@ TRICKY_TEXT = ('Dr. Smith arrived at 3.30 p.m. on Monday. He said "Stop!" Then h
 
 
 def test_rule_splitter_of_the_demo_corpus_on_tricky_text():
-    assert corpus.split_sentences_by_rules(TRICKY_TEXT) == [
+    assert demo_corpus.split_sentences_by_rules(TRICKY_TEXT) == [
         "Dr. Smith arrived at 3.30 p.m. on Monday.",
         'He said "Stop!"',
         "Then he left, e.g. for lunch, i.e. at noon.",
@@ -161,8 +162,8 @@ def test_rule_splitter_of_the_demo_corpus_on_tricky_text():
         "(Parenthetical.)",
         "2020 was a year... the end? no",
     ]
-    assert corpus.split_sentences_by_rules("  \n ") == []
-    assert corpus.split_sentences_by_rules("No final stop") == ["No final stop"]
+    assert demo_corpus.split_sentences_by_rules("  \n ") == []
+    assert demo_corpus.split_sentences_by_rules("No final stop") == ["No final stop"]
 
 
 def test_split_sentences_of_user_corpora_on_tricky_text():

@@ -2,7 +2,7 @@
 
     python -m bert_jax.benchmarks.sentences [--conllu=a.conllu,b.conllu] [--golden_rules=english_golden_rules.py]
 
-Splitters: this project's rules (`corpus.split_sentences_by_rules`, which builds the demo corpus), the libraries
+Splitters: this project's rules (`demo_corpus.split_sentences_by_rules`, which builds the demo corpus), the libraries
 of `CANDIDATES` that import here (pysbd, blingfire, syntok, sentencex, spaCy's rule-based sentencizer; a missing
 one is listed as such), and `corpus.split_sentences` as user corpora get it (sentencex, English rules).
 Gold text, each piece a paragraph whose sentences the splitter must find again:
@@ -33,6 +33,7 @@ from absl import app
 from absl import flags
 
 from bert_jax.data import corpus
+from bert_jax.data import demo_corpus
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SAMPLE_TEXT = os.path.join(ROOT, "tests", "fixtures", "google_bert", "sample_text.txt")
@@ -102,7 +103,7 @@ HARD_CASES = [
 # The splitters: each is built once (imports, pipelines) and returns split(text, language) -> sentences.
 
 def _rules():
-    return lambda text, language: corpus.split_sentences_by_rules(text)
+    return lambda text, language: demo_corpus.split_sentences_by_rules(text)
 
 
 _PYSBD_LANGUAGES = ("en hi mr zh es am ar hy bg ur ru pl fa nl da fr my el it ja de kk sk").split()

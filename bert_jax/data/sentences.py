@@ -2,8 +2,9 @@
 
 Chosen by `python -m bert_jax.benchmarks.sentences` (docs/data.md, "Sentence splitting"): of the splitters measured
 that need no model download, level with the most accurate on independent gold text and by far the fastest, with
-rules for ~300 languages and English fallbacks that also end sentences at CJK full stops. The offline demo corpus keeps
-`corpus.split_sentences_by_rules`, which runs without third-party packages; corpus imports this module on first use.
+rules for ~300 languages and English fallbacks that also end sentences at CJK full stops. The offline demo corpus
+keeps `demo_corpus.split_sentences_by_rules`, which runs without third-party packages; corpus imports this module on
+first use.
 """
 
 from __future__ import annotations

@@ -367,7 +367,7 @@ def _create(source, tokenizer, output_dir, options, start_pool, started, *, num_
                          text_field=text_field, prefix=prefix, final_paths=final_paths)
     with fileio.open_file(metadata_path(output_dir, prefix), "w") as stream:
         stream.write(json.dumps(metadata, indent=2) + "\n")
-    _log_summary(metadata["stats"], num_shards, output_dir)
+    _log_summary(metadata["stats"], num_shards, output_dir, has_labels=options.instances == "pairs")
     return metadata
 
 
@@ -451,12 +451,14 @@ def _metadata(source, tokenizer, options, corpus_stats, totals, *, elapsed, num_
     }
 
 
-def _log_summary(stats, num_shards, output_dir) -> None:
+def _log_summary(stats, num_shards, output_dir, has_labels: bool) -> None:
+    # MLM-only instances carry no next-sentence label, so there is no label share to report.
+    labels = f", label 1 in {100 * stats['nsp_random_fraction']:.1f}%" if has_labels else ""
     logging.info("wrote %d instances from %d documents (%d sentences, %d non-UTF-8 lines and %d bad records skipped) "
-                 "into %d shard(s) in %s: %.1f s, %.0f instances/s, masked %.2f%% of tokens, label 1 in %.1f%%, "
-                 "padding %.1f%%", stats["instances"], stats["documents"], stats["sentences"], stats["skipped_lines"],
+                 "into %d shard(s) in %s: %.1f s, %.0f instances/s, masked %.2f%% of tokens%s, padding %.1f%%",
+                 stats["instances"], stats["documents"], stats["sentences"], stats["skipped_lines"],
                  stats["bad_records"], num_shards, output_dir, stats["elapsed_s"], stats["instances_per_s"],
-                 100 * stats["masked_fraction"], 100 * stats["nsp_random_fraction"], 100 * stats["padding_fraction"])
+                 100 * stats["masked_fraction"], labels, 100 * stats["padding_fraction"])
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -95,6 +95,22 @@ def test_a_flipped_data_byte_mid_run_names_the_shard_not_a_data_loss_traceback(t
     assert verify.locate_damage([good, bad], "unexpected end", flag="--flag").offset == offsets[50]
 
 
+def test_a_record_of_another_layout_mid_run_names_the_shard_not_a_parse_traceback(tmp_path):
+    (_, _), (other, offsets) = _shards(tmp_path)
+    with open(other, "ab") as file:  # framed well, so only parsing it fails
+        file.write(record_framing.frame_record(tfrecord.serialize_example(
+            _instance(0), max_seq_length=SEQ + 4, max_predictions_per_seq=PRED)))
+    batches = input_pipeline.make_iterator(_data_config(f"{tmp_path}/*.tfrecord"), split="train", batch_size=4,
+                                           vocab_size=30522, seed=0)
+    with pytest.raises(ValueError) as error:
+        for _ in range(2 * RECORDS):
+            next(batches)
+    end = offsets[-1] + (offsets[-1] - offsets[-2])
+    assert str(error.value).startswith(f"damaged shard {other}: feature layout differs: the record at byte {end} "
+                                       "does not parse as the first shard's"), str(error.value)
+    assert FIX in str(error.value) and "--config.data.input_files" in str(error.value)
+
+
 def test_the_verify_command_names_each_damaged_shard_and_exits_1(tmp_path, capsys):
     shards = _shards(tmp_path, count=4)
     (_, _), (flipped, flipped_offsets), (cut, cut_offsets), (other, other_offsets) = shards

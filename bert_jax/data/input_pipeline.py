@@ -247,7 +247,8 @@ class TFRecordBatches:
     The position is tf.data's own iterator checkpoint (file order, shuffle buffer, prefetched batches, the batch
     counter that seeds dynamic masks), so a restored iterator yields exactly the batches the original would have.
     A record cut short or failing a CRC (TF's DataLossError names no file) is raised as bert_jax.data.verify's
-    DamagedShardError, naming the shard among `files()` (default: every file of `source`), its byte and the fix.
+    DamagedShardError, naming the shard among `files()` (default: every file of `source`), its byte and the fix; a
+    record that does not parse as the first one did (another layout) likewise, as a ValueError.
     """
 
     def __init__(self, dataset: tf.data.Dataset, *, vocab_size: int, source: str, files=None,
@@ -268,6 +269,10 @@ class TFRecordBatches:
         except tf.errors.DataLossError as error:  # a record cut short or failing a CRC; TF names no file
             files = self._files() if self._files is not None else expand_globs(self._source, flag=self._flag)
             raise verify.damaged_shard_error(files, error.message, source=self._source, flag=self._flag) from None
+        except tf.errors.InvalidArgumentError as error:  # a record of another layout than the first record's
+            files = self._files() if self._files is not None else expand_globs(self._source, flag=self._flag)
+            raise verify.unparsable_record_error(files, error.message, source=self._source,
+                                                 flag=self._flag) from error
         check_batch(batch, vocab_size=self._vocab_size, source=self._source)
         self.position += 1
         return batch

@@ -129,6 +129,22 @@ def damaged_shard_error(files: Sequence[str], reason: str, *, source: str, flag:
                       f"bert_jax.data.verify {source}`, then remake or recopy it, or leave it out of {flag} knowingly")
 
 
+def unparsable_record_error(files: Sequence[str], reason: str, *, source: str, flag: str) -> ValueError:
+    """The error for TensorFlow's InvalidArgumentError `reason`, met parsing `files` (a record of another layout
+    than the first record's, which the start-up check read): the first shard holding one, found by the verify
+    command's own checks, or, where none is found, one that says how to find it."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel  (only once a run has failed to parse)
+    layout = _Layout(tf, {})
+    for path in files:
+        report = verify_shard(path, layout, None)
+        if report.problem:
+            return ValueError(report.problem.replace("--config.data.input_files", flag))
+    reason = reason.split("}}")[-1].split(" [Op:")[0].strip()
+    return ValueError(f"reading {source}: a record does not parse ({reason}); find it with `python -m "
+                      f"bert_jax.data.verify {source}`, then remake or recopy its shard, or leave it out of {flag} "
+                      "knowingly")
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The verify command: every record of every shard.
 

@@ -26,6 +26,7 @@ from bert_jax import tasks
 from bert_jax.data import corpus
 from bert_jax.data import finetune_data
 from bert_jax.data import glue as glue_data
+from bert_jax.data import instances
 from bert_jax.data import packing
 from bert_jax.interop import init_architecture
 from bert_jax.train import DROPOUT_RNG_IMPLS
@@ -204,10 +205,9 @@ def _validate_pretraining_data(config, bert_config: model_lib.BertConfig, mode: 
     if data.source == "corpus" and not (isinstance(data.corpus_field, str) and data.corpus_field):
         raise ValueError(f"--config.data.corpus_field={data.corpus_field!r}: name the JSON Lines field or the "
                          "Parquet / CSV column that holds each record's text (default 'text')")
-    instance_kinds = ("pairs", "rows", "fragments")  # bert_jax.data.create.INSTANCE_KINDS
-    if data.get("instances", "pairs") not in instance_kinds:
-        raise ValueError(f"--config.data.instances={data.instances!r}: choose one of {instance_kinds} (MLM-only "
-                         "'rows' or 'fragments' for a model without an NSP head)")
+    if data.instances not in instances.INSTANCE_KINDS:
+        raise ValueError(f"--config.data.instances={data.instances!r}: choose one of {instances.INSTANCE_KINDS} "
+                         "(MLM-only 'rows' or 'fragments' for a model without an NSP head)")
     if mode == "train" and data.source == "tfrecord" and not data.input_files:
         raise ValueError("--config.data.source=tfrecord needs --config.data.input_files=GLOB[,GLOB...]")
     packing.validate_config(data)

@@ -89,12 +89,16 @@ def make_grad_fn(model: nn.Module, rules):
     return jax.value_and_grad(loss_fn, has_aux=True)
 
 
+def _nsp_count(batch):
+    """The instances weighted for NSP: the summed nsp_weights where the batch has them, else one per row."""
+    return (jnp.sum(batch["nsp_weights"].astype(jnp.float32)) if "nsp_weights" in batch
+            else jnp.asarray(batch["input_ids"].shape[0], jnp.float32))
+
+
 def batch_denominators(batch):
     """The whole batch's MLM and NSP normalisers (see pretraining_loss): NSP counts instances (packed: real ones)."""
     # At least 1: a batch of MLM-only rows (nsp_weights all 0) has NSP terms of 0, and 0 / 1 is a loss of 0, not NaN.
-    nsp_count = (jnp.maximum(jnp.sum(batch["nsp_weights"].astype(jnp.float32)), 1.0) if "nsp_weights" in batch
-                 else jnp.asarray(batch["input_ids"].shape[0], jnp.float32))
-    return jnp.sum(batch["masked_lm_weights"].astype(jnp.float32)) + 1e-5, nsp_count
+    return jnp.sum(batch["masked_lm_weights"].astype(jnp.float32)) + 1e-5, jnp.maximum(_nsp_count(batch), 1.0)
 
 
 def apply_gradients(state, grads, tx: optax.GradientTransformation, schedule, metrics):
@@ -204,8 +208,7 @@ def make_eval_step(model: nn.Module, rules):
         # 0 * NaN is NaN: whatever an all-padding row computes, it must not reach the sums.
         real_predictions = batch["masked_lm_weights"] > 0
         mlm_xent, mlm_correct = (jnp.where(real_predictions, term, 0.0) for term in (mlm_xent, mlm_correct))
-        nsp_count = (jnp.sum(batch["nsp_weights"].astype(jnp.float32)) if "nsp_weights" in batch
-                     else jnp.asarray(batch["input_ids"].shape[0], jnp.float32))
+        nsp_count = _nsp_count(batch)
         # Padding rows are all zeros; a packed row holds as many records as its highest instance id.
         records = (jnp.sum(jnp.max(batch["instance_ids"], axis=-1)) if "instance_ids" in batch
                    else jnp.sum(batch["input_mask"][:, 0] > 0)).astype(jnp.float32)

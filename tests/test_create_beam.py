@@ -89,7 +89,9 @@ def test_beam_pipeline_reads_json_lines_as_create_does(tmp_path):
             record for path in sorted(glob.glob(str(tmp_path / f"out-{name}" / "train-*.tfrecord")))
             for record in tf.data.TFRecordDataset(path).as_numpy_iterator())
     assert written["jsonl"] == written["text"] and sum(written["jsonl"].values()) > 10
+    # Records' prose reaches the workers uncut, and cuts into the sentences of a single process's reading.
     for path in sorted(glob.glob(f"{layouts['jsonl']}/*")):
         chunks = list(create_beam.file_chunks(0, path, 100, skip_bad_records=True))
-        assert [document for _, chunk in chunks for document in chunk] == list(
+        assert all(isinstance(document, corpus.Paragraphs) for _, chunk in chunks for document in chunk)
+        assert [corpus.sentences_of(document) for _, chunk in chunks for document in chunk] == list(
             corpus.iter_documents(path, skip_bad_records=True))

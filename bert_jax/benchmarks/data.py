@@ -25,7 +25,6 @@ import json
 import os
 import random
 import shutil
-import struct
 import subprocess
 import sys
 import tempfile
@@ -35,6 +34,7 @@ from absl import app
 from absl import flags
 import psutil
 
+from bert_jax import record_framing
 from bert_jax.data import corpus
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
@@ -126,13 +126,7 @@ def measure(command: list[str], cwd: str, env: dict) -> tuple[float, int]:
 
 def count_records(path: str) -> int:
     """Records in a TFRecord file, from its framing alone (no TensorFlow import in the benchmark process)."""
-    count = 0
-    with open(path, "rb") as stream:
-        while header := stream.read(12):
-            (length,) = struct.unpack("<Q", header[:8])
-            stream.seek(length + 4, os.SEEK_CUR)
-            count += 1
-    return count
+    return sum(1 for _ in record_framing.record_offsets(path))
 
 
 def run_ours(corpus_path: str, output_dir: str, vocab_file: str, num_workers: int | None,

@@ -65,7 +65,8 @@ class Paragraphs(list):
 def sentences_of(document: list[str]) -> list[str]:
     """A document's sentences: the document itself, or a Paragraphs' paragraphs cut by `split_sentences`."""
     if isinstance(document, Paragraphs):
-        return [sentence for paragraph in document for sentence in split_sentences(paragraph)]
+        from bert_jax.data import sentences  # pylint: disable=import-outside-toplevel  (once, not per paragraph)
+        return [sentence for paragraph in document for sentence in sentences.split_sentences(paragraph)]
     return document
 
 
@@ -190,7 +191,7 @@ def _iter_decoded_lines(path: str, stats: CorpusStats, text_format: str = "lines
     stats.files += 1
     with corpus_formats.open_decompressed(path) as stream:
         head = stream.read(max(_READ_CHUNK_BYTES, corpus_formats.SNIFF_BYTES))
-        corpus_formats.check_text_head(path, head, text_format)
+        corpus_formats.check_text_head(path, head[:corpus_formats.SNIFF_BYTES], text_format)
         warned = False
         for line_number, line in enumerate(iter_byte_lines(stream, head), start=1):
             try:

@@ -59,7 +59,7 @@ from bert_jax.data import tokenization
 from bert_jax.data.instances import create_instances_from_document, create_masked_lm_predictions
 
 MASKING_MODES = ("static", "none")
-INSTANCE_KINDS = ("pairs", "rows", "fragments")
+INSTANCE_KINDS = instances_lib.INSTANCE_KINDS
 METADATA_FILE = "metadata.json"
 TOKENIZER_DIR = "tokenizer"
 
@@ -171,8 +171,7 @@ class ChunkProcessor:
         instances_lib.shuffle(records, rng)
         stats = {"corpus_documents": len(documents), "documents": len(all_documents),
                  "sentences": sum(len(document) for document in all_documents), "instances": instances,
-                 "tokens": tokens, "predictions": predictions, "random_next": random_next,
-                 **{f"length_{length}": count for length, count in lengths.items()}}
+                 "tokens": tokens, "predictions": predictions, "random_next": random_next, "lengths": lengths}
         return records, stats
 
     def _instances(self, all_documents, rng) -> Iterator[instances_lib.TrainingInstance]:
@@ -394,7 +393,7 @@ def _chunk_results(source, tokenizer, options, start_pool, corpus_stats, *, num_
 def _deal_records(results, writers, *, progress) -> collections.Counter:
     """Writes every chunk's records round-robin into `writers`; returns the chunks' stats summed, plus "chunks"."""
     num_shards = len(writers)
-    totals = collections.Counter()
+    totals, lengths = collections.Counter(), collections.Counter()
     next_writer = 0
     with tqdm.tqdm(unit=" docs", desc="documents", file=sys.stderr, dynamic_ncols=True,
                    disable=not (progress and sys.stderr.isatty())) as bar:
@@ -404,10 +403,12 @@ def _deal_records(results, writers, *, progress) -> collections.Counter:
                 for record in records[offset::num_shards]:
                     write(record)
             next_writer = (next_writer + len(records)) % num_shards
-            totals.update(chunk_stats)
+            lengths.update(chunk_stats["lengths"])
+            totals.update({key: value for key, value in chunk_stats.items() if key != "lengths"})
             totals["chunks"] += 1
             bar.update(chunk_stats["corpus_documents"])
             bar.set_postfix(instances=totals["instances"], refresh=False)
+    totals["lengths"] = lengths  # records per token count, for the padding figures
     return totals
 
 
@@ -444,8 +445,7 @@ def _metadata(source, tokenizer, options, corpus_stats, totals, *, elapsed, num_
             "nsp_random_fraction": totals["random_next"] / totals["instances"],  # the share of label 1
             "elapsed_s": round(elapsed, 3), "instances_per_s": round(totals["instances"] / elapsed, 1),
             # Fragments are made to be packed: their padding after packing too.
-            **packing.padding_stats({int(key[len("length_"):]): count for key, count in totals.items()
-                                     if key.startswith("length_")}, max_seq_length=options.max_seq_length,
+            **packing.padding_stats(totals["lengths"], max_seq_length=options.max_seq_length,
                                     packed=options.instances == "fragments", seed=options.seed),
         },
     }

@@ -42,9 +42,11 @@ def _import_beam():
 
 def file_chunks(file_index: int, path: str, documents_per_chunk: int, text_format: str = "auto",
                 text_field: str = "text", skip_bad_records: bool = False, stats: corpus.CorpusStats | None = None):
-    """(chunk key, documents) for one file; an empty file yields nothing. See corpus.iter_documents for the rest."""
+    """(chunk key, documents) for one file; an empty file yields nothing. See corpus.iter_documents for the rest.
+    Prose comes uncut (Paragraphs): ProcessChunk's ChunkProcessor cuts it after the Reshuffle, in parallel, where
+    this step has one worker per file."""
     documents = corpus.iter_documents(path, text_format=text_format, text_field=text_field,
-                                      skip_bad_records=skip_bad_records, stats=stats)
+                                      skip_bad_records=skip_bad_records, split=False, stats=stats)
     chunk, chunk_index = [], 0
     try:
         for document in documents:
@@ -52,9 +54,7 @@ def file_chunks(file_index: int, path: str, documents_per_chunk: int, text_forma
             if len(chunk) == documents_per_chunk:
                 yield f"{file_index}/{chunk_index}", chunk
                 chunk, chunk_index = [], chunk_index + 1
-    except corpus.EmptyCorpusError:  # at the end of a file without documents
-        if chunk_index or chunk:
-            raise
+    except corpus.EmptyCorpusError:  # raised only for a file that yielded no document
         return
     if chunk:
         yield f"{file_index}/{chunk_index}", chunk

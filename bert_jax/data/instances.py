@@ -21,6 +21,10 @@ import random
 from typing import Callable, NamedTuple, Sequence
 
 
+# What create's `instances` option makes: the original's sentence pairs, or MLM-only rows or fragments (below).
+INSTANCE_KINDS = ("pairs", "rows", "fragments")
+
+
 class TrainingInstance(NamedTuple):
     """One sentence pair as ids: [CLS] A [SEP] B [SEP], after masking (if any)."""
 
@@ -230,6 +234,12 @@ def _make_instance(tokens_a: list[int], tokens_b: list[int], label: int, rng: ra
     """[CLS] A [SEP] B [SEP] as an instance, masked by `mask_fn` (drawing from `rng`) unless it is None."""
     input_ids = [cls_id, *tokens_a, sep_id, *tokens_b, sep_id]
     segment_ids = [0] * (len(tokens_a) + 2) + [1] * (len(tokens_b) + 1)
+    return _masked(input_ids, segment_ids, label, rng, mask_fn)
+
+
+def _masked(input_ids: list[int], segment_ids: list[int], label: int | None, rng: random.Random,
+            mask_fn: Callable | None) -> TrainingInstance:
+    """The instance of these ids, masked by `mask_fn` (drawing from `rng`) unless it is None."""
     if mask_fn is None:
         return TrainingInstance(input_ids, segment_ids, None, None, label)
     masked_ids, positions, labels = mask_fn(input_ids, rng)
@@ -244,11 +254,7 @@ def _make_instance(tokens_a: list[int], tokens_b: list[int], label: int, rng: ra
 def _mlm_instance(tokens: list[int], rng: random.Random, *, cls_id: int, sep_id: int,
                   mask_fn: Callable | None) -> TrainingInstance:
     input_ids = [cls_id, *tokens, sep_id]
-    segment_ids = [0] * len(input_ids)
-    if mask_fn is None:
-        return TrainingInstance(input_ids, segment_ids, None, None, None)
-    masked_ids, positions, labels = mask_fn(input_ids, rng)
-    return TrainingInstance(masked_ids, segment_ids, positions, labels, None)
+    return _masked(input_ids, [0] * len(input_ids), None, rng, mask_fn)
 
 
 def create_rows(all_documents: Sequence[Sequence[Sequence[int]]], rng: random.Random, *, max_seq_length: int,

@@ -58,6 +58,12 @@ def _damaged(error: record_framing.FramingError, flag: str, suggest_verify: bool
 # What a run checks: at start-up, and when TensorFlow meets a bad record.
 
 
+# Shards whose framing was walked whole in this process, by (path, size, modification time): the held-out files are
+# checked when the config is validated and again by every evaluation's iterator, the training files at every
+# restart of the input; a shard that has not changed is not walked again.
+_WALKED: set[tuple[str, int, int]] = set()
+
+
 def check_framing(files: Sequence[str], *, flag: str, budget_bytes: int = STARTUP_CHECK_BYTES) -> None:
     """Walks the record headers of the local `files` (no data read); raises DamagedShardError for the first shard
     cut short or with a corrupted length. Smallest first, since a shard cut short is smaller than its siblings; past
@@ -67,14 +73,17 @@ def check_framing(files: Sequence[str], *, flag: str, budget_bytes: int = STARTU
     remote = len(files) - len(local)
     started, walked, walked_bytes, records = time.perf_counter(), 0, 0, 0
     for path in local:
-        size = os.path.getsize(path)
-        if walked and walked_bytes + size > budget_bytes:
+        stat = os.stat(path)
+        if walked and walked_bytes + stat.st_size > budget_bytes:
             break
-        try:
-            records += sum(1 for _ in record_framing.record_offsets(path))
-        except record_framing.FramingError as error:
-            raise _damaged(error, flag) from None
-        walked, walked_bytes = walked + 1, walked_bytes + size
+        key = (path, stat.st_size, stat.st_mtime_ns)
+        if key not in _WALKED:
+            try:
+                records += sum(1 for _ in record_framing.record_offsets(path))
+            except record_framing.FramingError as error:
+                raise _damaged(error, flag) from None
+            _WALKED.add(key)
+        walked, walked_bytes = walked + 1, walked_bytes + stat.st_size
     if walked:
         logging.info("input %s: the record framing of %d local shard(s) is whole (%d records, %.1f MB, walked in "
                      "%.2f s)", flag, walked, records, walked_bytes / 1e6, time.perf_counter() - started)
@@ -136,9 +145,9 @@ def unparsable_record_error(files: Sequence[str], reason: str, *, source: str, f
     import tensorflow as tf  # pylint: disable=import-outside-toplevel  (only once a run has failed to parse)
     layout = _Layout(tf, {})
     for path in files:
-        report = verify_shard(path, layout, None)
+        report = verify_shard(path, layout, None, flag=flag)
         if report.problem:
-            return ValueError(report.problem.replace("--config.data.input_files", flag))
+            return ValueError(report.problem)
     reason = reason.split("}}")[-1].split(" [Op:")[0].strip()
     return ValueError(f"reading {source}: a record does not parse ({reason}); find it with `python -m "
                       f"bert_jax.data.verify {source}`, then remake or recopy its shard, or leave it out of {flag} "
@@ -220,7 +229,8 @@ def _describe(features: dict[str, tuple[str, int]]) -> str:
     return "{" + ", ".join(f"{name}: {length}" for name, (_, length) in sorted(features.items())) + "}"
 
 
-def verify_shard(path: str, layout: _Layout | None, metadata: dict | None) -> ShardReport:
+def verify_shard(path: str, layout: _Layout | None, metadata: dict | None, *,
+                 flag: str = "--config.data.input_files") -> ShardReport:
     """Every record of `path`: framing, CRCs and (unless `layout` is None) features."""
     report, batch, batch_offsets = ShardReport(path), [], []
 
@@ -230,7 +240,7 @@ def verify_shard(path: str, layout: _Layout | None, metadata: dict | None) -> Sh
             index, reason = bad
             raise DamagedShardError(path, batch_offsets[index], f"feature layout differs: the record at byte "
                                     f"{batch_offsets[index]} does not parse as the first shard's ({reason})",
-                                    suggest_verify=False)
+                                    flag, suggest_verify=False)
         batch.clear()
         batch_offsets.clear()
 
@@ -239,7 +249,8 @@ def verify_shard(path: str, layout: _Layout | None, metadata: dict | None) -> Sh
             if report.records == 0 and layout is not None:
                 problem = layout.difference(data, metadata)
                 if problem is not None:
-                    raise DamagedShardError(path, offset, f"feature layout differs: {problem}", suggest_verify=False)
+                    raise DamagedShardError(path, offset, f"feature layout differs: {problem}", flag,
+                                            suggest_verify=False)
             report.records += 1
             report.bytes = offset + len(data) + 16
             if layout is not None:
@@ -249,9 +260,9 @@ def verify_shard(path: str, layout: _Layout | None, metadata: dict | None) -> Sh
                     check_batch()
         check_batch()
         if report.records == 0:
-            report.problem = str(DamagedShardError(path, 0, "it holds no records", suggest_verify=False))
+            report.problem = str(DamagedShardError(path, 0, "it holds no records", flag, suggest_verify=False))
     except record_framing.FramingError as error:
-        report.problem = str(_damaged(error, "--config.data.input_files", suggest_verify=False))
+        report.problem = str(_damaged(error, flag, suggest_verify=False))
     except DamagedShardError as error:
         report.problem = str(error)
     return report

@@ -35,8 +35,7 @@ _SETTINGS = ("corpus", "corpus_format", "corpus_field", "skip_bad_records", "voc
 
 
 def _settings(config) -> dict:
-    return {**{name: config.data.get(name, _EARLIER_SETTINGS[name]) if name in _EARLIER_SETTINGS
-               else config.data[name] for name in _SETTINGS}, "seed": config.train.seed}
+    return {**{name: config.data[name] for name in _SETTINGS}, "seed": config.train.seed}
 
 
 # Settings added since older workdirs were made, with the value those were made with. Their corpus_format was
@@ -106,7 +105,7 @@ def _build(config, data_dir: str) -> dict:
     every_nth = data.eval_every_nth_document
     common = dict(max_seq_length=data.max_seq_length, max_predictions_per_seq=data.max_predictions_per_seq,
                   masked_lm_prob=data.masked_lm_prob, whole_word_mask=data.whole_word_mask, seed=config.train.seed,
-                  instances=data.get("instances", "pairs"))
+                  instances=data.instances)
     make = functools.partial(create.create_pretraining_data, data.corpus, tokenizer_dir,
                              text_format=data.corpus_format, text_field=data.corpus_field,
                              skip_bad_records=data.skip_bad_records, progress=False, overwrite=True)
